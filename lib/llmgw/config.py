@@ -1,0 +1,170 @@
+"""The one configuration file: /etc/llmgw/llmgw.toml, with a section per tool.
+
+Every key has a default that works on one machine, so an empty file (or none at all,
+when the default path does not exist) is a valid configuration. An unknown key is an
+error that names the key and the file: a typo must never be silently ignored. A
+secret is never inline: `key = "@/etc/llmgw/secrets/engine.key"` reads the file.
+Relative paths, secret files included, are relative to the config file's directory.
+"""
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmgw.errors import ConfigError
+
+DEFAULT_PATH = Path("/etc/llmgw/llmgw.toml")
+
+
+def secret(default: str = "", doc: str = ""):
+    """A field whose value, if it starts with '@', is read from that file."""
+    return field(default=default, metadata={"secret": True, "doc": doc})
+
+
+@dataclass
+class LogConfig:
+    level: str = "info"
+
+
+@dataclass
+class PathsConfig:
+    config_dir: str = "/etc/llmgw"
+    state_dir: str = "/var/lib/llmgw"
+    backup_dir: str = "/var/backups/llmgw"
+
+
+@dataclass
+class StoreConfig:
+    # Empty means SQLite under paths.state_dir; LLMGW_STORE overrides either.
+    url: str = ""
+
+
+@dataclass
+class EndpointConfig:
+    id: str = ""
+    url: str = ""
+    models: list[str] = field(default_factory=list)
+    key: str = secret()
+
+
+@dataclass
+class RouterConfig:
+    listen: str = "127.0.0.1:8080"
+    max_body_bytes: int = 4 * 1024 * 1024
+    keepalive_interval_s: float = 5.0
+    connect_timeout_s: float = 3.0
+    upstream_timeout_s: float = 600.0
+    retries: int = 2
+    cooldown_s: float = 5.0
+    key_refresh_s: float = 2.0
+    usage_flush_s: float = 1.0
+    usage_batch: int = 500
+    usage_buffer: int = 100_000
+    shutdown_grace_s: float = 30.0
+    endpoints: list[EndpointConfig] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    log: LogConfig = field(default_factory=LogConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    source: str = ""  # the file this came from, "" for built-in defaults
+
+    def store_url(self) -> str:
+        """The store's address: LLMGW_STORE, else store.url, else SQLite in state_dir."""
+        url = os.environ.get("LLMGW_STORE") or self.store.url
+        return url or f"sqlite://{Path(self.paths.state_dir).absolute()}/llmgw.db"
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _build(cls, data: dict, where: str, path: Path):
+    """Build dataclass `cls` from a TOML table, naming the first bad key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: [{where}] must be a table")
+    hints = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    kwargs = {}
+    for key, value in data.items():
+        name = f"{where}.{key}" if where else key
+        f = hints.get(key)
+        if f is None:
+            raise ConfigError(f"{path}: unknown key '{name}'")
+        kwargs[key] = _value(f, value, name, path)
+    return cls(**kwargs)
+
+
+def _value(f, value, name: str, path: Path):
+    tp = f.type
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, name, path)
+    origin = getattr(tp, "__origin__", None)
+    if origin is list:
+        (item,) = tp.__args__
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: '{name}' must be a list")
+        if dataclasses.is_dataclass(item):
+            return [_build(item, v, f"{name}[{i}]", path) for i, v in enumerate(value)]
+        if not all(isinstance(v, item) for v in value):
+            raise ConfigError(f"{path}: '{name}' must be a list of {_type_name(item)}")
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"{path}: '{name}' must be {_type_name(tp)}, not {type(value).__name__}"
+        )
+    if f.metadata.get("secret") and isinstance(value, str) and value.startswith("@"):
+        return read_secret(value, path.parent, name)
+    return value
+
+
+def read_secret(ref: str, base: Path, name: str = "secret") -> str:
+    """Read `@/path/to/file` (relative to `base`), stripped of surrounding whitespace."""
+    file = base / ref[1:]
+    try:
+        text = file.read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read {name} from {file}: {e.strerror}") from None
+    if not text:
+        raise ConfigError(f"{name}: {file} is empty")
+    return text
+
+
+def _resolve_paths(cfg: Config, base: Path) -> None:
+    for f in dataclasses.fields(cfg.paths):
+        setattr(cfg.paths, f.name, str(base / getattr(cfg.paths, f.name)))
+
+
+def load(path: str | os.PathLike | None = None) -> Config:
+    """Load the config from `path`, LLMGW_CONFIG, or /etc/llmgw/llmgw.toml.
+
+    A path that was asked for must exist; the default path may be absent, and then
+    every default applies.
+    """
+    asked = path or os.environ.get("LLMGW_CONFIG")
+    file = Path(asked) if asked else DEFAULT_PATH
+    if not file.exists():
+        if asked:
+            raise ConfigError(f"{file}: no such config file")
+        return Config()
+    try:
+        data = tomllib.loads(file.read_text())
+    except OSError as e:
+        raise ConfigError(f"{file}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{file}: {e}") from None
+    cfg = _build(Config, data, "", file)
+    cfg.source = str(file)
+    _resolve_paths(cfg, file.absolute().parent)
+    return cfg
+
+
+def example() -> str:
+    """A fully commented sample config that loads as it is."""
+    return (Path(__file__).parent / "example.toml").read_text()

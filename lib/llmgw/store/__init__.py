@@ -1,0 +1,62 @@
+"""The store: peewee models on SQLite (one machine) or PostgreSQL (a fleet).
+
+`open_store(url)` binds every model to the database at `url` and returns it;
+`migrate(db)` brings its schema up to date. Tools open the store once at start.
+"""
+
+from urllib.parse import unquote, urlparse
+
+import peewee
+
+from llmgw.errors import StoreError
+from llmgw.store.migrations import migrate, pending  # noqa: F401  (re-exported)
+from llmgw.store.models import ALL_MODELS, ApiKey, Usage, db_proxy  # noqa: F401
+
+
+def database_for(url: str) -> peewee.Database:
+    """A peewee database for `sqlite:///abs/path`, `sqlite:rel/path` or `postgresql://…`."""
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        path = unquote(parsed.path) if parsed.netloc == "" else ""
+        if not path:
+            raise StoreError(f"store URL {url!r}: want sqlite:///absolute/path.db")
+        # WAL lets the router's usage writer and the CLI write without blocking readers;
+        # the busy timeout rides out the short write locks they still take.
+        return peewee.SqliteDatabase(
+            path, pragmas={"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1}
+        )
+    if parsed.scheme in ("postgresql", "postgres"):
+        if not parsed.path.strip("/"):
+            raise StoreError(f"store URL {url!r}: name the database, postgresql://host/NAME")
+        return peewee.PostgresqlDatabase(
+            unquote(parsed.path.lstrip("/")),
+            host=parsed.hostname,
+            port=parsed.port,
+            user=unquote(parsed.username) if parsed.username else None,
+            password=unquote(parsed.password) if parsed.password else None,
+        )
+    raise StoreError(f"store URL {url!r}: scheme must be sqlite or postgresql")
+
+
+def open_store(url: str, create_dirs: bool = True) -> peewee.Database:
+    """Open the store at `url` and bind the models to it (no migration)."""
+    db = database_for(url)
+    if isinstance(db, peewee.SqliteDatabase) and create_dirs:
+        from pathlib import Path
+
+        Path(db.database).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        db.connect(reuse_if_open=True)
+    except peewee.OperationalError as e:
+        raise StoreError(f"cannot open store {redact(url)}: {str(e).strip().splitlines()[0]}") from None
+    db_proxy.initialize(db)
+    return db
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced, for messages and logs."""
+    parsed = urlparse(url)
+    if parsed.password:
+        netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@")
+        return parsed._replace(netloc=netloc).geturl()
+    return url

@@ -1,0 +1,169 @@
+"""A fake engine that speaks enough of the OpenAI API to test the router against.
+
+Run it as `python tests/fake_engine.py --port N [--key K]`. It answers chat, completions
+and embeddings, streams SSE the way llama-server does, and can be told how to misbehave
+with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S, "first_delay_s": S}`:
+
+    ok      answer normally
+    fail    answer 500 with an error body
+    busy    answer 503 (as an engine still loading does)
+    stall   accept, then send nothing until the client gives up
+    drop    stream `drop_after` chunks, then close the connection without [DONE]
+
+`GET /_stats` says how many requests it saw, which were cancelled by the client, and the
+last request's headers and body, so tests can check what the router forwarded.
+"""
+
+import argparse
+import asyncio
+import json
+import time
+
+from aiohttp import web
+
+WORDS = ["The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", "."]
+
+
+class Engine:
+    def __init__(self, key: str | None, name: str):
+        self.key = key
+        self.name = name
+        self.mode = "ok"
+        self.chunks = 5
+        self.delay_s = 0.0
+        self.first_delay_s = 0.0
+        self.drop_after = 2
+        self.requests = 0
+        self.cancelled = 0
+        self.active = 0
+        self.last_headers: dict = {}
+        self.last_body: dict = {}
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.generate)
+        app.router.add_post("/v1/completions", self.generate)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/_control", self.control)
+        app.router.add_get("/_stats", self.stats)
+        return app
+
+    async def health(self, request):
+        return web.json_response({"status": "ok"})
+
+    async def control(self, request):
+        body = await request.json()
+        for field in ("mode", "chunks", "delay_s", "first_delay_s", "drop_after"):
+            if field in body:
+                setattr(self, field, body[field])
+        return web.json_response({"ok": True})
+
+    async def stats(self, request):
+        return web.json_response({
+            "requests": self.requests, "cancelled": self.cancelled, "active": self.active,
+            "last_headers": self.last_headers, "last_body": self.last_body,
+        })
+
+    def _check(self, request):
+        if self.key and request.headers.get("Authorization") != f"Bearer {self.key}":
+            return web.json_response(
+                {"error": {"message": "Invalid API Key", "type": "authentication_error"}},
+                status=401,
+            )
+        return None
+
+    async def embeddings(self, request):
+        denied = self._check(request)
+        if denied:
+            return denied
+        body = await request.json()
+        self.requests += 1
+        self.last_headers, self.last_body = dict(request.headers), body
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
+                for i, _ in enumerate(inputs)]
+        return web.json_response({
+            "object": "list", "data": data, "model": body.get("model"),
+            "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)},
+        })
+
+    async def generate(self, request):
+        denied = self._check(request)
+        if denied:
+            return denied
+        body = await request.json()
+        self.requests += 1
+        self.last_headers, self.last_body = dict(request.headers), body
+        if self.mode == "fail":
+            return web.json_response(
+                {"error": {"message": "fake engine told to fail", "type": "server_error"}},
+                status=500,
+            )
+        if self.mode == "busy":
+            return web.json_response({"error": {"message": "Loading model"}}, status=503)
+        chat = request.path.endswith("chat/completions")
+        self.active += 1
+        try:
+            if self.mode == "stall":
+                await asyncio.sleep(3600)
+            if body.get("stream"):
+                return await self._stream(request, body, chat)
+            await asyncio.sleep(self.first_delay_s)
+            text = "".join(WORDS[i % len(WORDS)] for i in range(self.chunks))
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+                       "finish_reason": "stop"} if chat else
+                      {"index": 0, "text": text, "finish_reason": "stop"})
+            return web.json_response({
+                "id": "fake-1", "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": body.get("model"), "choices": [choice],
+                "usage": {"prompt_tokens": 7, "completion_tokens": self.chunks,
+                          "total_tokens": 7 + self.chunks},
+            })
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _stream(self, request, body, chat):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(self.first_delay_s)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        for i in range(self.chunks):
+            if self.mode == "drop" and i == self.drop_after:
+                request.transport.close()
+                return resp
+            word = WORDS[i % len(WORDS)]
+            choice = ({"index": 0, "delta": {"content": word}, "finish_reason": None} if chat
+                      else {"index": 0, "text": word, "finish_reason": None})
+            chunk = {"id": "fake-1", "object": obj, "model": body.get("model"),
+                     "choices": [choice]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"id": "fake-1", "object": obj, "model": body.get("model"), "choices": [],
+                     "usage": {"prompt_tokens": 7, "completion_tokens": self.chunks,
+                               "total_tokens": 7 + self.chunks}}
+            await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--key", default=None, help="the engine key it demands, if any")
+    parser.add_argument("--name", default="fake")
+    args = parser.parse_args()
+    engine = Engine(args.key, args.name)
+    web.run_app(engine.app(), host=args.host, port=args.port, print=None, access_log=None,
+                handler_cancellation=True)
+
+
+if __name__ == "__main__":
+    main()

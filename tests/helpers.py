@@ -1,0 +1,112 @@
+"""Helpers every test may use: waiting with a deadline, ports, and real subprocesses."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def eventually(cond, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+    """Poll `cond()` until it returns something truthy; return that. Fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while True:
+        try:
+            value = cond()
+            if value:
+                return value
+        except Exception as e:  # the thing may not be up yet
+            last_exc = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}") from last_exc
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A real executable run on loopback, its stderr kept in a file for the test to read."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict | None = None, health: str = ""):
+        self.argv = argv
+        self.log_path = log
+        self.health = health
+        full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        self._log = open(log, "wb")
+        self.p = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                  env=full_env, start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_healthy(self, timeout: float = 20.0, ok=(200,)) -> None:
+        def up():
+            if self.p.poll() is not None:
+                raise AssertionError(f"{self.argv[0]} exited {self.p.returncode}:\n{self.log()}")
+            try:
+                return requests.get(self.health, timeout=1).status_code in ok
+            except requests.ConnectionError:
+                return False
+
+        try:
+            eventually(up, timeout, what=f"{self.health} to answer")
+        except AssertionError as e:
+            if self.p.poll() is not None:
+                raise
+            raise AssertionError(f"{e}\n--- log ---\n{self.log()}") from None
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait()
+        self._log.close()
+        return self.p.returncode
+
+
+def start_fake_engine(tmp: Path, key: str | None = None, name: str = "fake") -> tuple[Proc, str]:
+    port = free_port()
+    argv = [sys.executable, str(ROOT / "tests" / "fake_engine.py"), "--port", str(port),
+            "--name", name]
+    if key:
+        argv += ["--key", key]
+    url = f"http://127.0.0.1:{port}"
+    proc = Proc(argv, tmp / f"engine-{name}-{port}.log", health=f"{url}/health")
+    proc.wait_healthy()
+    return proc, url
+
+
+def start_router(tmp: Path, config: str, env: dict | None = None, wait: bool = True):
+    """Start llmgw-router with `config` (TOML text; `{port}` is filled in). -> (proc, url)"""
+    port = free_port()
+    cfg = tmp / f"router-{port}.toml"
+    cfg.write_text(config.replace("{port}", str(port)))
+    proc = Proc([str(BIN / "llmgw-router"), "--config", str(cfg)], tmp / f"router-{port}.log",
+                env=env, health=f"http://127.0.0.1:{port}/health")
+    if wait:
+        proc.wait_healthy()
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def llmgw(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the `llmgw` CLI."""
+    result = subprocess.run([str(BIN / "llmgw"), *args], capture_output=True, text=True,
+                            env={**os.environ, **(env or {})})
+    if check and result.returncode != 0:
+        raise AssertionError(f"llmgw {' '.join(args)} exited {result.returncode}: {result.stderr}")
+    return result

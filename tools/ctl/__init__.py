@@ -1,0 +1,1 @@
+"""llmgw: the operator's command line."""

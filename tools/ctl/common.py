@@ -1,0 +1,57 @@
+"""What every `llmgw` subcommand shares: the loaded config, the store, output helpers."""
+
+import json
+import sys
+from datetime import UTC, datetime
+
+import click
+
+from llmgw import config as configmod
+from llmgw.errors import Error
+from llmgw.store import migrate, open_store
+
+
+class State:
+    def __init__(self, config_path):
+        self.config_path = config_path
+        self._cfg = None
+
+    @property
+    def cfg(self):
+        if self._cfg is None:
+            try:
+                self._cfg = configmod.load(self.config_path)
+            except Error as e:
+                raise click.ClickException(str(e)) from None
+        return self._cfg
+
+    def store(self):
+        """The store, migrated: the CLI may be the first tool to touch it."""
+        try:
+            db = open_store(self.cfg.store_url())
+            migrate(db)
+        except Error as e:
+            raise click.ClickException(str(e)) from None
+        return db
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def print_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2 if sys.stdout.isatty() else None))
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    """Aligned columns for people."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(str(c))) for w, c in zip(widths, row, strict=True)]
+    for row in [headers, *rows]:
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

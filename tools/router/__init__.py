@@ -1,0 +1,1 @@
+"""llmgw-router: the OpenAI-compatible front door."""

@@ -1,0 +1,34 @@
+"""OpenAI-shaped error answers, and the router's own exceptions."""
+
+import json
+
+from aiohttp import web
+
+from llmgw.errors import Error
+
+# Statuses where the same request will fail the same way: tell SDKs not to retry.
+_NO_RETRY = frozenset((400, 401, 403, 404, 413))
+
+
+class RouterError(Error):
+    """The router cannot start."""
+
+
+def api_error(
+    status: int,
+    message: str,
+    type_: str,
+    code: str,
+    request_id: str,
+    param: str | None = None,
+    retry_after: int | None = None,
+) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    headers = {"x-request-id": request_id}
+    if status in _NO_RETRY:
+        headers["x-should-retry"] = "false"
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return web.Response(
+        status=status, body=json.dumps(body), content_type="application/json", headers=headers
+    )

@@ -1,0 +1,91 @@
+"""API keys in memory: the request path checks a key with one hash and one dict lookup.
+
+A background thread mirrors the store's keys into memory and then polls for changes
+(`updated_at` moves on create and revoke), so a new or revoked key is seen within
+`refresh_s`. The mirror is complete, so an unknown key is rejected without asking
+the store: a flood of bad keys costs a hash each and never reaches the database.
+"""
+
+import threading
+from dataclasses import dataclass
+
+from llmgw import apikeys, log
+from llmgw.store import ApiKey
+
+_log = log.get("llmgw.router.keys")
+
+# Rows written by another process can commit with an updated_at a little older than
+# the newest one we have already seen; re-reading this window catches them.
+_OVERLAP_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    id: str
+    models: frozenset | None  # None: every model
+    expires_at: float | None
+
+    def allows(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+class KeyCache:
+    def __init__(self, refresh_s: float = 2.0):
+        self.refresh_s = refresh_s
+        self._by_hash: dict[str, Key] = {}
+        self._since = 0.0
+        self.loaded = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def lookup(self, secret: str) -> Key | None:
+        return self._by_hash.get(apikeys.hash_secret(secret))
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+    def apply(self, rows) -> None:
+        """Fold changed rows into the mirror (rows: ApiKey-like objects)."""
+        by_hash = dict(self._by_hash)
+        for row in rows:
+            if row.revoked_at is not None:
+                by_hash.pop(row.secret_hash, None)
+            else:
+                models = frozenset(row.model_list) or None
+                by_hash[row.secret_hash] = Key(row.id, models, row.expires_at)
+            self._since = max(self._since, row.updated_at)
+        # Swap in one assignment: lookups on the event loop never see a half-built dict.
+        self._by_hash = by_hash
+
+    def refresh(self) -> None:
+        since = self._since - _OVERLAP_S if self._since else -1.0
+        rows = list(ApiKey.select().where(ApiKey.updated_at >= since))
+        if rows:
+            self.apply(rows)
+        self.loaded.set()
+
+    def _run(self, db) -> None:
+        while not self._stop.is_set():
+            try:
+                with db.connection_context():
+                    self.refresh()
+                if self._failing:
+                    _log.info("keys_refresh_recovered", keys=len(self))
+                    self._failing = False
+            except Exception as e:  # the store may be down; keep serving the keys we have
+                if not self._failing:
+                    _log.error("keys_refresh_failed", reason=str(e).strip().splitlines()[0])
+                    self._failing = True
+            self._stop.wait(self.refresh_s)
+
+    def start(self, db) -> None:
+        self._thread = threading.Thread(target=self._run, args=(db,), name="keys", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+

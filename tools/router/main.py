@@ -1,0 +1,78 @@
+"""llmgw-router's command line."""
+
+import asyncio
+import sys
+
+import click
+import uvloop
+from aiohttp import web
+
+from llmgw import __version__, log
+from llmgw import config as configmod
+from llmgw.errors import Error
+from llmgw.store import migrate, open_store, redact
+from llmgw_router.app import build
+from llmgw_router.routing import Endpoint, RoutingTable, parse_endpoint_flag
+
+_log = log.get("llmgw.router")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.BadParameter(f"{text!r}: want HOST:PORT, e.g. 127.0.0.1:8080")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", envvar="LLMGW_CONFIG", type=click.Path(),
+              help="Config file (default /etc/llmgw/llmgw.toml).")
+@click.option("--listen", help="HOST:PORT to serve on (overrides router.listen).")
+@click.option("--endpoint", "endpoints", multiple=True, metavar="ID=URL=MODEL[,MODEL]",
+              help="An engine to route to, instead of [[router.endpoints]]. Repeatable.")
+@click.version_option(__version__, "--version")
+def main(config_path, listen, endpoints):
+    """Serve the OpenAI-compatible API in front of the engines.
+
+    \b
+    Examples:
+      llmgw-router --config /etc/llmgw/llmgw.toml
+      llmgw-router --listen 127.0.0.1:8080 \\
+          --endpoint gemma-0=http://127.0.0.1:8011=gemma3-270m
+    """
+    try:
+        cfg = configmod.load(config_path)
+    except Error as e:
+        raise click.ClickException(str(e)) from None
+    log.setup("llmgw-router", cfg.log.level)
+    try:
+        host, port = parse_listen(listen or cfg.router.listen)
+        if endpoints:
+            eps = [parse_endpoint_flag(e) for e in endpoints]
+        else:
+            eps = [Endpoint(e.id, e.url, tuple(e.models), e.key) for e in cfg.router.endpoints]
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    if not eps:
+        _log.warning("no_endpoints", hint="give --endpoint or [[router.endpoints]]")
+    url = cfg.store_url()
+    try:
+        db = open_store(url)
+        migrate(db)
+        db.close()
+    except Error as e:
+        raise click.ClickException(str(e)) from None
+
+    app = build(cfg, RoutingTable(eps, cooldown_s=cfg.router.cooldown_s), db)
+    _log.info("starting", listen=f"{host}:{port}", store=redact(url),
+              endpoints=",".join(e.id for e in eps) or "none")
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        web.run_app(
+            app, host=host, port=port, loop=loop, print=None, access_log=None,
+            shutdown_timeout=cfg.router.shutdown_grace_s, handler_cancellation=True,
+        )
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sys.exit(0)

@@ -1,0 +1,97 @@
+"""The routing table: which endpoints serve which model, and which one to use next.
+
+Pure bookkeeping, no I/O: the request path asks `pick()` for an endpoint and reports
+back with `release()`/`failed()`. Today the table is filled from the config; the
+scheduler will feed the same table through `replace()`.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Endpoint:
+    id: str
+    url: str  # the engine's root, e.g. http://127.0.0.1:8011
+    models: tuple[str, ...]
+    key: str = ""
+    outstanding: int = 0
+    cooldown_until: float = 0.0
+    headers: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        self.url = self.url.rstrip("/")
+        self.headers = {"Content-Type": "application/json"}
+        if self.key:
+            self.headers["Authorization"] = f"Bearer {self.key}"
+
+
+def parse_endpoint_flag(text: str) -> Endpoint:
+    """`ID=URL=MODEL[,MODEL]` as given to --endpoint."""
+    parts = text.split("=")
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"--endpoint {text!r}: want ID=URL=MODEL[,MODEL]")
+    ident, url, models = parts
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--endpoint {text!r}: URL must start with http:// or https://")
+    return Endpoint(ident, url, tuple(m for m in models.split(",") if m))
+
+
+class RoutingTable:
+    """Least outstanding requests among the endpoints of a model, skipping cooled ones."""
+
+    def __init__(self, endpoints: list[Endpoint] = (), cooldown_s: float = 5.0):
+        self.cooldown_s = cooldown_s
+        self._by_model: dict[str, list[Endpoint]] = {}
+        self._by_id: dict[str, Endpoint] = {}
+        self._turn = 0
+        self.replace(list(endpoints))
+
+    def replace(self, endpoints: list[Endpoint]) -> None:
+        """Install a new set of endpoints, keeping the counters of ones that stay."""
+        by_id = {}
+        for ep in endpoints:
+            old = self._by_id.get(ep.id)
+            if old is not None and old.url == ep.url:
+                ep.outstanding, ep.cooldown_until = old.outstanding, old.cooldown_until
+            by_id[ep.id] = ep
+        by_model: dict[str, list[Endpoint]] = {}
+        for ep in by_id.values():
+            for model in ep.models:
+                by_model.setdefault(model, []).append(ep)
+        self._by_id, self._by_model = by_id, by_model
+
+    def models(self) -> list[str]:
+        return sorted(self._by_model)
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._by_id.values())
+
+    def serves(self, model: str) -> bool:
+        return model in self._by_model
+
+    def pick(self, model: str, now: float, exclude=()) -> Endpoint | None:
+        """The endpoint to try next, or None when every one is excluded or cooling down.
+
+        Ties go round-robin, so light traffic still spreads over every endpoint.
+        """
+        eps = self._by_model.get(model)
+        if not eps:
+            return None
+        n = len(eps)
+        self._turn += 1
+        best = None
+        for i in range(n):
+            ep = eps[(self._turn + i) % n]
+            if ep.cooldown_until > now or ep in exclude:
+                continue
+            if best is None or ep.outstanding < best.outstanding:
+                best = ep
+        return best
+
+    def retry_after(self, model: str, now: float) -> float:
+        """Seconds until the first endpoint of `model` comes out of cooldown."""
+        eps = self._by_model.get(model) or ()
+        return max(0.0, min((ep.cooldown_until - now for ep in eps), default=0.0))
+
+    def failed(self, ep: Endpoint, now: float) -> None:
+        ep.cooldown_until = now + self.cooldown_s

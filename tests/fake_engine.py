@@ -9,6 +9,7 @@ with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S, "first_delay_s":
     busy    answer 503 (as an engine still loading does)
     stall   accept, then send nothing until the client gives up
     drop    stream `drop_after` chunks, then close the connection without [DONE]
+    hold    stream `drop_after` chunks, then wait for `{"release": true}` before the rest
 
 `GET /_stats` says how many requests it saw, which were cancelled by the client, and the
 last request's headers and body, so tests can check what the router forwarded.
@@ -33,6 +34,7 @@ class Engine:
         self.delay_s = 0.0
         self.first_delay_s = 0.0
         self.drop_after = 2
+        self.released = asyncio.Event()
         self.requests = 0
         self.cancelled = 0
         self.active = 0
@@ -57,13 +59,22 @@ class Engine:
         for field in ("mode", "chunks", "delay_s", "first_delay_s", "drop_after"):
             if field in body:
                 setattr(self, field, body[field])
+        if body.get("release"):
+            self.released.set()
+        elif "mode" in body:
+            self.released = asyncio.Event()
         return web.json_response({"ok": True})
 
     async def stats(self, request):
-        return web.json_response({
-            "requests": self.requests, "cancelled": self.cancelled, "active": self.active,
-            "last_headers": self.last_headers, "last_body": self.last_body,
-        })
+        return web.json_response(
+            {
+                "requests": self.requests,
+                "cancelled": self.cancelled,
+                "active": self.active,
+                "last_headers": self.last_headers,
+                "last_body": self.last_body,
+            }
+        )
 
     def _check(self, request):
         if self.key and request.headers.get("Authorization") != f"Bearer {self.key}":
@@ -81,12 +92,18 @@ class Engine:
         self.requests += 1
         self.last_headers, self.last_body = dict(request.headers), body
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
-        data = [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
-                for i, _ in enumerate(inputs)]
-        return web.json_response({
-            "object": "list", "data": data, "model": body.get("model"),
-            "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)},
-        })
+        data = [
+            {"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
+            for i, _ in enumerate(inputs)
+        ]
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model"),
+                "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)},
+            }
+        )
 
     async def generate(self, request):
         denied = self._check(request)
@@ -111,15 +128,29 @@ class Engine:
                 return await self._stream(request, body, chat)
             await asyncio.sleep(self.first_delay_s)
             text = "".join(WORDS[i % len(WORDS)] for i in range(self.chunks))
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                       "finish_reason": "stop"} if chat else
-                      {"index": 0, "text": text, "finish_reason": "stop"})
-            return web.json_response({
-                "id": "fake-1", "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": body.get("model"), "choices": [choice],
-                "usage": {"prompt_tokens": 7, "completion_tokens": self.chunks,
-                          "total_tokens": 7 + self.chunks},
-            })
+            choice = (
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "stop"}
+            )
+            return web.json_response(
+                {
+                    "id": "fake-1",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": body.get("model"),
+                    "choices": [choice],
+                    "usage": {
+                        "prompt_tokens": 7,
+                        "completion_tokens": self.chunks,
+                        "total_tokens": 7 + self.chunks,
+                    },
+                }
+            )
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
@@ -135,18 +166,30 @@ class Engine:
             if self.mode == "drop" and i == self.drop_after:
                 request.transport.close()
                 return resp
+            if self.mode == "hold" and i == self.drop_after:
+                await self.released.wait()
             word = WORDS[i % len(WORDS)]
-            choice = ({"index": 0, "delta": {"content": word}, "finish_reason": None} if chat
-                      else {"index": 0, "text": word, "finish_reason": None})
-            chunk = {"id": "fake-1", "object": obj, "model": body.get("model"),
-                     "choices": [choice]}
+            choice = (
+                {"index": 0, "delta": {"content": word}, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": word, "finish_reason": None}
+            )
+            chunk = {"id": "fake-1", "object": obj, "model": body.get("model"), "choices": [choice]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
         if (body.get("stream_options") or {}).get("include_usage"):
-            usage = {"id": "fake-1", "object": obj, "model": body.get("model"), "choices": [],
-                     "usage": {"prompt_tokens": 7, "completion_tokens": self.chunks,
-                               "total_tokens": 7 + self.chunks}}
+            usage = {
+                "id": "fake-1",
+                "object": obj,
+                "model": body.get("model"),
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": 7,
+                    "completion_tokens": self.chunks,
+                    "total_tokens": 7 + self.chunks,
+                },
+            }
             await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -161,8 +204,14 @@ def main():
     parser.add_argument("--name", default="fake")
     args = parser.parse_args()
     engine = Engine(args.key, args.name)
-    web.run_app(engine.app(), host=args.host, port=args.port, print=None, access_log=None,
-                handler_cancellation=True)
+    web.run_app(
+        engine.app(),
+        host=args.host,
+        port=args.port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,
+    )
 
 
 if __name__ == "__main__":

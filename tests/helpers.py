@@ -45,8 +45,9 @@ class Proc:
         self.health = health
         full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self._log = open(log, "wb")
-        self.p = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                  env=full_env, start_new_session=True)
+        self.p = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -81,8 +82,14 @@ class Proc:
 
 def start_fake_engine(tmp: Path, key: str | None = None, name: str = "fake") -> tuple[Proc, str]:
     port = free_port()
-    argv = [sys.executable, str(ROOT / "tests" / "fake_engine.py"), "--port", str(port),
-            "--name", name]
+    argv = [
+        sys.executable,
+        str(ROOT / "tests" / "fake_engine.py"),
+        "--port",
+        str(port),
+        "--name",
+        name,
+    ]
     if key:
         argv += ["--key", key]
     url = f"http://127.0.0.1:{port}"
@@ -96,8 +103,12 @@ def start_router(tmp: Path, config: str, env: dict | None = None, wait: bool = T
     port = free_port()
     cfg = tmp / f"router-{port}.toml"
     cfg.write_text(config.replace("{port}", str(port)))
-    proc = Proc([str(BIN / "llmgw-router"), "--config", str(cfg)], tmp / f"router-{port}.log",
-                env=env, health=f"http://127.0.0.1:{port}/health")
+    proc = Proc(
+        [str(BIN / "llmgw-router"), "--config", str(cfg)],
+        tmp / f"router-{port}.log",
+        env=env,
+        health=f"http://127.0.0.1:{port}/health",
+    )
     if wait:
         proc.wait_healthy()
     return proc, f"http://127.0.0.1:{port}"
@@ -105,8 +116,12 @@ def start_router(tmp: Path, config: str, env: dict | None = None, wait: bool = T
 
 def llmgw(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """Run the `llmgw` CLI."""
-    result = subprocess.run([str(BIN / "llmgw"), *args], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        [str(BIN / "llmgw"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"llmgw {' '.join(args)} exited {result.returncode}: {result.stderr}")
     return result

@@ -116,9 +116,7 @@ def _value(f, value, name: str, path: Path):
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise ConfigError(
-            f"{path}: '{name}' must be {_type_name(tp)}, not {type(value).__name__}"
-        )
+        raise ConfigError(f"{path}: '{name}' must be {_type_name(tp)}, not {type(value).__name__}")
     if f.metadata.get("secret") and isinstance(value, str) and value.startswith("@"):
         return read_secret(value, path.parent, name)
     return value

@@ -3,7 +3,6 @@
 import time
 
 import click
-
 from llmgw import apikeys
 from llmgw.store import ApiKey
 from llmgw_ctl.common import pass_state, print_json, print_table, when
@@ -82,15 +81,28 @@ def keys_list(state, as_json, show_all):
     """List keys (active ones, unless --all)."""
     state.store()
     now = time.time()
-    rows = [r for r in ApiKey.select().order_by(ApiKey.created_at)
-            if show_all or state_of(r, now) == "active"]
+    rows = [
+        r
+        for r in ApiKey.select().order_by(ApiKey.created_at)
+        if show_all or state_of(r, now) == "active"
+    ]
     if as_json:
         print_json([key_json(r, now) for r in rows])
         return
     print_table(
         ["ID", "NAME", "PREFIX", "MODELS", "CREATED", "EXPIRES", "STATE"],
-        [[r.id, r.name, r.prefix + "…", ",".join(r.model_list) or "*", when(r.created_at),
-          when(r.expires_at), state_of(r, now)] for r in rows],
+        [
+            [
+                r.id,
+                r.name,
+                r.prefix + "…",
+                ",".join(r.model_list) or "*",
+                when(r.created_at),
+                when(r.expires_at),
+                state_of(r, now),
+            ]
+            for r in rows
+        ],
     )
 
 

@@ -1,7 +1,6 @@
 """The `llmgw` command group."""
 
 import click
-
 from llmgw import __version__
 from llmgw_ctl.common import State
 from llmgw_ctl.config import config
@@ -10,8 +9,13 @@ from llmgw_ctl.store import store
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", envvar="LLMGW_CONFIG", type=click.Path(),
-              help="Config file (default /etc/llmgw/llmgw.toml).")
+@click.option(
+    "--config",
+    "config_path",
+    envvar="LLMGW_CONFIG",
+    type=click.Path(),
+    help="Config file (default /etc/llmgw/llmgw.toml).",
+)
 @click.version_option(__version__, "--version")
 @click.pass_context
 def cli(ctx, config_path):

@@ -5,7 +5,6 @@ import asyncio
 import aiohttp
 import prometheus_client
 from aiohttp import web
-
 from llmgw import log
 from llmgw_router import metrics
 from llmgw_router.errors import api_error
@@ -22,7 +21,10 @@ def build(cfg, table: RoutingTable, db) -> web.Application:
     rc = cfg.router
     keys = KeyCache(refresh_s=rc.key_refresh_s)
     usage = UsageWriter(
-        db, capacity=rc.usage_buffer, batch=rc.usage_batch, flush_s=rc.usage_flush_s,
+        db,
+        capacity=rc.usage_buffer,
+        batch=rc.usage_batch,
+        flush_s=rc.usage_flush_s,
         on_drop=metrics.USAGE_DROPPED.inc,
     )
     # aiohttp's own limit answers with plain text; ours answers in OpenAI's shape, so let
@@ -38,7 +40,9 @@ def build(cfg, table: RoutingTable, db) -> web.Application:
         )
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False,
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )
         app["session"] = session
@@ -97,6 +101,9 @@ async def metrics_page(request: web.Request) -> web.Response:
 async def not_found(request: web.Request) -> web.Response:
     rid = request_id(request)
     return api_error(
-        404, f"No such endpoint: {request.method} {request.path}", "invalid_request_error",
-        "unknown_url", rid,
+        404,
+        f"No such endpoint: {request.method} {request.path}",
+        "invalid_request_error",
+        "unknown_url",
+        rid,
     )

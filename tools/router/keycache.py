@@ -87,5 +87,3 @@ class KeyCache:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-
-

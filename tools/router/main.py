@@ -6,7 +6,6 @@ import sys
 import click
 import uvloop
 from aiohttp import web
-
 from llmgw import __version__, log
 from llmgw import config as configmod
 from llmgw.errors import Error
@@ -25,11 +24,21 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", envvar="LLMGW_CONFIG", type=click.Path(),
-              help="Config file (default /etc/llmgw/llmgw.toml).")
+@click.option(
+    "--config",
+    "config_path",
+    envvar="LLMGW_CONFIG",
+    type=click.Path(),
+    help="Config file (default /etc/llmgw/llmgw.toml).",
+)
 @click.option("--listen", help="HOST:PORT to serve on (overrides router.listen).")
-@click.option("--endpoint", "endpoints", multiple=True, metavar="ID=URL=MODEL[,MODEL]",
-              help="An engine to route to, instead of [[router.endpoints]]. Repeatable.")
+@click.option(
+    "--endpoint",
+    "endpoints",
+    multiple=True,
+    metavar="ID=URL=MODEL[,MODEL]",
+    help="An engine to route to, instead of [[router.endpoints]]. Repeatable.",
+)
 @click.version_option(__version__, "--version")
 def main(config_path, listen, endpoints):
     """Serve the OpenAI-compatible API in front of the engines.
@@ -64,14 +73,24 @@ def main(config_path, listen, endpoints):
         raise click.ClickException(str(e)) from None
 
     app = build(cfg, RoutingTable(eps, cooldown_s=cfg.router.cooldown_s), db)
-    _log.info("starting", listen=f"{host}:{port}", store=redact(url),
-              endpoints=",".join(e.id for e in eps) or "none")
+    _log.info(
+        "starting",
+        listen=f"{host}:{port}",
+        store=redact(url),
+        endpoints=",".join(e.id for e in eps) or "none",
+    )
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         web.run_app(
-            app, host=host, port=port, loop=loop, print=None, access_log=None,
-            shutdown_timeout=cfg.router.shutdown_grace_s, handler_cancellation=True,
+            app,
+            host=host,
+            port=port,
+            loop=loop,
+            print=None,
+            access_log=None,
+            shutdown_timeout=cfg.router.shutdown_grace_s,
+            handler_cancellation=True,
         )
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from None

@@ -8,18 +8,24 @@ REQUESTS = Counter(
     "llmgw_router_requests", "Requests answered, by model and HTTP status", ["model", "status"]
 )
 DURATION = Histogram(
-    "llmgw_router_request_duration_seconds", "Whole request, first byte in to last byte out",
-    ["model"], buckets=_LATENCY,
+    "llmgw_router_request_duration_seconds",
+    "Whole request, first byte in to last byte out",
+    ["model"],
+    buckets=_LATENCY,
 )
 TTFT = Histogram(
-    "llmgw_router_time_to_first_token_seconds", "Streamed requests: time to the first token",
-    ["model"], buckets=_LATENCY,
+    "llmgw_router_time_to_first_token_seconds",
+    "Streamed requests: time to the first token",
+    ["model"],
+    buckets=_LATENCY,
 )
-TOKENS = Counter("llmgw_router_tokens", "Tokens by model and kind (prompt, completion)",
-                 ["model", "kind"])
+TOKENS = Counter(
+    "llmgw_router_tokens", "Tokens by model and kind (prompt, completion)", ["model", "kind"]
+)
 IN_FLIGHT = Gauge("llmgw_router_in_flight_requests", "Requests being answered now")
 UPSTREAM_ERRORS = Counter(
-    "llmgw_router_upstream_errors", "Failures talking to an engine, by endpoint and kind",
+    "llmgw_router_upstream_errors",
+    "Failures talking to an engine, by endpoint and kind",
     ["endpoint", "kind"],
 )
 OVERHEAD = Histogram(
@@ -27,7 +33,8 @@ OVERHEAD = Histogram(
     "Time the router itself spends on a request, excluding waiting for the engine",
     buckets=(0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
 )
-USAGE_DROPPED = Counter("llmgw_router_usage_rows_dropped",
-                        "Usage rows dropped because the write buffer was full")
+USAGE_DROPPED = Counter(
+    "llmgw_router_usage_rows_dropped", "Usage rows dropped because the write buffer was full"
+)
 USAGE_PENDING = Gauge("llmgw_router_usage_rows_pending", "Usage rows waiting to be written")
 KEYS_LOADED = Gauge("llmgw_router_api_keys", "API keys held in memory")

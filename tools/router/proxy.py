@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
-
 from llmgw import log
 from llmgw_router import metrics
 from llmgw_router.errors import api_error
@@ -79,20 +78,30 @@ class Proxy:
         """The caller's Key, or an error response."""
         if not self.keys.loaded.is_set():
             return api_error(
-                503, "API keys are not loaded yet (is the store reachable?)", "server_error",
-                "keys_not_loaded", rid, retry_after=2,
+                503,
+                "API keys are not loaded yet (is the store reachable?)",
+                "server_error",
+                "keys_not_loaded",
+                rid,
+                retry_after=2,
             )
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or len(auth) < 8:
             return api_error(
-                401, "Missing API key: send 'Authorization: Bearer <key>'.",
-                "invalid_request_error", "invalid_api_key", rid,
+                401,
+                "Missing API key: send 'Authorization: Bearer <key>'.",
+                "invalid_request_error",
+                "invalid_api_key",
+                rid,
             )
         key = self.keys.lookup(auth[7:].strip())
         if key is None or (key.expires_at is not None and key.expires_at <= time.time()):
             return api_error(
-                401, "Invalid, revoked or expired API key.", "invalid_request_error",
-                "invalid_api_key", rid,
+                401,
+                "Invalid, revoked or expired API key.",
+                "invalid_request_error",
+                "invalid_api_key",
+                rid,
             )
         return key
 
@@ -125,19 +134,39 @@ class Proxy:
 
         parsed = await self.parse(request, route, rid)
         if isinstance(parsed, web.Response):
-            return count(parsed, "")
+            return self.reject(parsed, t0, rid, key.id, "")
         payload, body = parsed
         model = payload["model"]
         if not key.allows(model):
-            return count(api_error(
-                403, f"This API key may not use model '{model}'.", "permission_error",
-                "model_not_allowed", rid, param="model",
-            ), "")
+            return self.reject(
+                api_error(
+                    403,
+                    f"This API key may not use model '{model}'.",
+                    "permission_error",
+                    "model_not_allowed",
+                    rid,
+                    param="model",
+                ),
+                t0,
+                rid,
+                key.id,
+                model,
+            )
         if not self.table.serves(model):
-            return count(api_error(
-                404, f"The model '{model}' does not exist.", "invalid_request_error",
-                "model_not_found", rid, param="model",
-            ), "")
+            return self.reject(
+                api_error(
+                    404,
+                    f"The model '{model}' does not exist.",
+                    "invalid_request_error",
+                    "model_not_found",
+                    rid,
+                    param="model",
+                ),
+                t0,
+                rid,
+                key.id,
+                model,
+            )
 
         stream = payload.get("stream") is True
         client_usage = True
@@ -162,6 +191,16 @@ class Proxy:
             metrics.IN_FLIGHT.dec()
             call.account()
 
+    def reject(self, resp: web.Response, t0: float, rid: str, key_id: str, model: str):
+        """Answer an authenticated request that never reached an engine, and account it."""
+        # A model nobody serves is not a label: clients could mint series at will.
+        metrics.REQUESTS.labels(model if self.table.serves(model) else "", str(resp.status)).inc()
+        latency_ms = (time.perf_counter() - t0) * 1000.0
+        self.usage.record(
+            (time.time(), rid, key_id, model[:200], None, None, 0, 0, resp.status, latency_ms, None)
+        )
+        return resp
+
     async def parse(self, request: web.Request, route: Route, rid: str):
         """(payload, raw body) or an error response."""
         if request.content_length is not None and request.content_length > self.max_body:
@@ -175,38 +214,84 @@ class Proxy:
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            return api_error(400, "The request body is not valid JSON.",
-                             "invalid_request_error", "invalid_json", rid)
+            return api_error(
+                400,
+                "The request body is not valid JSON.",
+                "invalid_request_error",
+                "invalid_json",
+                rid,
+            )
         if not isinstance(payload, dict):
-            return api_error(400, "The request body must be a JSON object.",
-                             "invalid_request_error", "invalid_json", rid)
+            return api_error(
+                400,
+                "The request body must be a JSON object.",
+                "invalid_request_error",
+                "invalid_json",
+                rid,
+            )
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             what = "missing" if model is None else "must be a non-empty string"
-            return api_error(400, f"'model' is {what}.", "invalid_request_error",
-                             "invalid_value", rid, param="model")
+            return api_error(
+                400,
+                f"'model' is {what}.",
+                "invalid_request_error",
+                "invalid_value",
+                rid,
+                param="model",
+            )
         field = route.input_field
         value = payload.get(field)
         if value is None:
-            return api_error(400, f"'{field}' is missing.", "invalid_request_error",
-                             "missing_required_parameter", rid, param=field)
+            return api_error(
+                400,
+                f"'{field}' is missing.",
+                "invalid_request_error",
+                "missing_required_parameter",
+                rid,
+                param=field,
+            )
         if not isinstance(value, route.input_types) or (isinstance(value, list) and not value):
-            kinds = " or ".join("a non-empty array" if t is list else "a string"
-                                for t in route.input_types)
-            return api_error(400, f"'{field}' must be {kinds}.", "invalid_request_error",
-                             "invalid_type", rid, param=field)
+            kinds = " or ".join(
+                "a non-empty array" if t is list else "a string" for t in route.input_types
+            )
+            return api_error(
+                400,
+                f"'{field}' must be {kinds}.",
+                "invalid_request_error",
+                "invalid_type",
+                rid,
+                param=field,
+            )
         if "stream" in payload:
             if not isinstance(payload["stream"], bool):
-                return api_error(400, "'stream' must be true or false.",
-                                 "invalid_request_error", "invalid_type", rid, param="stream")
+                return api_error(
+                    400,
+                    "'stream' must be true or false.",
+                    "invalid_request_error",
+                    "invalid_type",
+                    rid,
+                    param="stream",
+                )
             if payload["stream"] and not route.streams:
-                return api_error(400, f"{route.path} does not stream.",
-                                 "invalid_request_error", "invalid_value", rid, param="stream")
+                return api_error(
+                    400,
+                    f"{route.path} does not stream.",
+                    "invalid_request_error",
+                    "invalid_value",
+                    rid,
+                    param="stream",
+                )
         opts = payload.get("stream_options")
         if opts is not None and not isinstance(opts, dict):
-            return api_error(400, "'stream_options' must be an object.",
-                             "invalid_request_error", "invalid_type", rid,
-                             param="stream_options")
+            return api_error(
+                400,
+                "'stream_options' must be an object.",
+                "invalid_request_error",
+                "invalid_type",
+                rid,
+                param="stream_options",
+            )
         return payload, body
 
 
@@ -264,7 +349,7 @@ class Call:
                     upstream = await proxy.session.post(
                         ep.url + self.route.path, data=body, headers=self._headers(ep)
                     )
-                except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as e:
+                except (TimeoutError, aiohttp.ClientConnectionError, OSError) as e:
                     ep.outstanding -= 1
                     last_reason = self._upstream_failed(ep, e)
                     continue
@@ -272,8 +357,9 @@ class Call:
                     await self._settle()
                     if upstream.status in _RETRY_STATUSES and self.resp is None:
                         text = (await upstream.read())[:300].decode(errors="replace")
-                        last_reason = self._upstream_failed(ep, f"HTTP {upstream.status} {text}",
-                                                            kind=f"http_{upstream.status}")
+                        last_reason = self._upstream_failed(
+                            ep, f"HTTP {upstream.status} {text}", kind=f"http_{upstream.status}"
+                        )
                         continue
                     if self.stream and upstream.status == 200:
                         return await self._relay_stream(upstream)
@@ -299,18 +385,31 @@ class Call:
         reason = str(err) or type(err).__name__
         metrics.UPSTREAM_ERRORS.labels(ep.id, kind).inc()
         self.proxy.table.failed(ep, time.monotonic())
-        _log.warning("upstream_failed", request_id=self.rid, endpoint=ep.id, model=self.model,
-                     kind=kind, reason=reason[:200])
+        _log.warning(
+            "upstream_failed",
+            request_id=self.rid,
+            endpoint=ep.id,
+            model=self.model,
+            kind=kind,
+            reason=reason[:200],
+        )
         return f"endpoint {ep.id}: {reason[:200]}"
 
     async def _give_up(self, tried, reason: str) -> web.StreamResponse:
         table = self.proxy.table
         if not tried:
             wait = table.retry_after(self.model, time.monotonic())
-            message = (f"Every endpoint serving '{self.model}' failed recently; "
-                       f"try again in {wait:.0f}s.")
-            err = api_error(503, message, "server_error", "no_healthy_endpoint", self.rid,
-                            retry_after=max(1, round(wait)))
+            message = (
+                f"Every endpoint serving '{self.model}' failed recently; try again in {wait:.0f}s."
+            )
+            err = api_error(
+                503,
+                message,
+                "server_error",
+                "no_healthy_endpoint",
+                self.rid,
+                retry_after=max(1, round(wait)),
+            )
         else:
             message = f"No endpoint serving '{self.model}' answered: {reason}"
             err = api_error(502, message, "server_error", "upstream_unavailable", self.rid)
@@ -335,7 +434,8 @@ class Call:
             await self._write_error_event(error_message(data), upstream.status)
             return self.resp
         resp = web.Response(
-            body=data, status=upstream.status,
+            body=data,
+            status=upstream.status,
             headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
         )
         self.overhead += time.perf_counter() - t
@@ -364,8 +464,7 @@ class Call:
             if buf.strip():
                 await self._write(buf)
                 done = done or buf.strip() == _DONE
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError,
-                asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
             if isinstance(e, aiohttp.ClientConnectionResetError) and self._client_gone():
                 raise
             reason = str(e) or type(e).__name__
@@ -374,8 +473,9 @@ class Call:
             await self._write_error_event(f"The engine stopped mid-stream: {reason}", 502)
             return self.resp
         if not done:
-            self._upstream_failed(self.endpoint, "stream ended without [DONE]",
-                                  kind="stream_interrupted")
+            self._upstream_failed(
+                self.endpoint, "stream ended without [DONE]", kind="stream_interrupted"
+            )
             self.status = 502
             await self._write_error_event("The engine ended the stream early.", 502)
             return self.resp
@@ -431,11 +531,16 @@ class Call:
 
     async def _ensure_stream(self) -> web.StreamResponse:
         if self.resp is None:
-            resp = web.StreamResponse(status=200, headers=self._client_headers({
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-            }))
+            resp = web.StreamResponse(
+                status=200,
+                headers=self._client_headers(
+                    {
+                        "Content-Type": "text/event-stream",
+                        "Cache-Control": "no-cache",
+                        "X-Accel-Buffering": "no",
+                    }
+                ),
+            )
             self.resp = resp
             await resp.prepare(self.request)
         return self.resp
@@ -446,8 +551,14 @@ class Call:
         await resp.write(data)
 
     async def _write_error_event(self, message: str, status: int) -> None:
-        body = {"error": {"message": message, "type": "server_error", "param": None,
-                          "code": f"upstream_{status}"}}
+        body = {
+            "error": {
+                "message": message,
+                "type": "server_error",
+                "param": None,
+                "code": f"upstream_{status}",
+            }
+        }
         try:
             await self._write(b"data: " + json.dumps(body).encode() + b"\n\n")
             await self.resp.write_eof()
@@ -519,14 +630,29 @@ class Call:
             metrics.TOKENS.labels(model, "completion").inc(completion)
         metrics.OVERHEAD.observe(self.overhead)
         ep = self.endpoint
-        self.proxy.usage.record((
-            time.time(), self.rid, self.key_id, model, model if ep else None,
-            ep.id if ep else None, self.prompt_tokens, completion, status,
-            latency * 1000.0, ttft * 1000.0 if ttft is not None else None,
-        ))
+        self.proxy.usage.record(
+            (
+                time.time(),
+                self.rid,
+                self.key_id,
+                model,
+                model if ep else None,
+                ep.id if ep else None,
+                self.prompt_tokens,
+                completion,
+                status,
+                latency * 1000.0,
+                ttft * 1000.0 if ttft is not None else None,
+            )
+        )
         if status == CLIENT_CLOSED:
-            _log.info("client_disconnected", request_id=self.rid, model=model,
-                      endpoint=ep.id if ep else None, completion_tokens=completion)
+            _log.info(
+                "client_disconnected",
+                request_id=self.rid,
+                model=model,
+                endpoint=ep.id if ep else None,
+                completion_tokens=completion,
+            )
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -546,8 +672,13 @@ def count(resp: web.Response, model: str) -> web.Response:
 
 
 def too_large(limit: int, rid: str) -> web.Response:
-    return api_error(413, f"The request body is larger than {limit} bytes.",
-                     "invalid_request_error", "request_too_large", rid)
+    return api_error(
+        413,
+        f"The request body is larger than {limit} bytes.",
+        "invalid_request_error",
+        "request_too_large",
+        rid,
+    )
 
 
 def error_message(data: bytes) -> str:
@@ -567,5 +698,13 @@ def engine_error_body(status: int, data: bytes) -> bytes:
         pass
     text = data[:500].decode(errors="replace").strip() or f"HTTP {status}"
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return json.dumps({"error": {"message": f"The engine answered: {text}", "type": kind,
-                                 "param": None, "code": f"engine_{status}"}}).encode()
+    return json.dumps(
+        {
+            "error": {
+                "message": f"The engine answered: {text}",
+                "type": kind,
+                "param": None,
+                "code": f"engine_{status}",
+            }
+        }
+    ).encode()

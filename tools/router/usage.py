@@ -79,7 +79,8 @@ class UsageWriter:
             except Exception as e:
                 if not self._failing:
                     _log.error(
-                        "usage_write_failed", reason=str(e).strip().splitlines()[0],
+                        "usage_write_failed",
+                        reason=str(e).strip().splitlines()[0],
                         pending=self.pending(),
                     )
                     self._failing = True

@@ -48,7 +48,9 @@ def open_store(url: str, create_dirs: bool = True) -> peewee.Database:
     try:
         db.connect(reuse_if_open=True)
     except peewee.OperationalError as e:
-        raise StoreError(f"cannot open store {redact(url)}: {str(e).strip().splitlines()[0]}") from None
+        raise StoreError(
+            f"cannot open store {redact(url)}: {str(e).strip().splitlines()[0]}"
+        ) from None
     db_proxy.initialize(db)
     return db
 

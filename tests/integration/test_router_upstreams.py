@@ -1,0 +1,98 @@
+"""Failing engines: retries, cooldowns, errors mid-stream, and clients that leave."""
+
+import json
+
+import openai
+import pytest
+
+from tests.helpers import eventually
+from tests.integration.conftest import dead_url
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def usage_rows(router):
+    from llmgw.store import Usage, open_store
+
+    db = open_store(router.store_url)
+    try:
+        return list(Usage.select().order_by(Usage.at))
+    finally:
+        db.close()
+
+
+def test_a_refused_connection_is_retried_on_another_endpoint(make_router, engine):
+    router = make_router([dead_url(), engine.url])
+    for _ in range(4):
+        resp = router.post("/v1/chat/completions", CHAT)
+        assert resp.status_code == 200
+    assert (
+        'llmgw_router_upstream_errors_total{endpoint="e0",kind="connect"} 1.0' in router.metrics()
+    ), "the dead endpoint is tried once, then cooled down"
+
+
+def test_an_engine_that_is_still_loading_is_skipped_for_another(make_router, engine, tmp_path):
+    from tests.helpers import start_fake_engine
+    from tests.integration.conftest import ENGINE_KEY
+
+    busy_proc, busy_url = start_fake_engine(tmp_path, key=ENGINE_KEY, name="busy")
+    try:
+        import requests
+
+        requests.post(busy_url + "/_control", json={"mode": "busy"}, timeout=5)
+        router = make_router([busy_url, engine.url])
+        assert all(router.post("/v1/chat/completions", CHAT).status_code == 200 for _ in range(3))
+    finally:
+        busy_proc.stop()
+
+
+def test_when_every_endpoint_fails_the_client_hears_why_then_when_to_come_back(make_router):
+    router = make_router([dead_url()])
+    first = router.post("/v1/chat/completions", CHAT)
+    assert first.status_code == 502
+    assert first.json()["error"]["code"] == "upstream_unavailable"
+    assert "endpoint e0" in first.json()["error"]["message"]
+    second = router.post("/v1/chat/completions", CHAT)
+    assert second.status_code == 503
+    assert second.json()["error"]["code"] == "no_healthy_endpoint"
+    assert int(second.headers["Retry-After"]) >= 1
+
+
+def test_an_engine_error_reaches_the_client_in_openai_shape(router, engine):
+    engine.control(mode="fail")
+    resp = router.post("/v1/chat/completions", CHAT)
+    assert resp.status_code == 500
+    assert resp.json()["error"]["message"] == "fake engine told to fail"
+
+
+def test_an_engine_that_drops_mid_stream_ends_the_stream_with_an_error_event(router, engine):
+    engine.control(mode="drop", drop_after=2, chunks=5)
+    with router.post("/v1/chat/completions", {**CHAT, "stream": True}, stream=True) as resp:
+        assert resp.status_code == 200
+        events = [line for line in resp.iter_lines() if line.startswith(b"data: ")]
+    assert len(events) == 3
+    assert "error" in json.loads(events[-1][6:])
+    rows = eventually(lambda: usage_rows(router), what="a usage row")
+    assert rows[-1].status == 502 and rows[-1].completion_tokens == 2
+
+
+def test_a_client_that_disconnects_frees_the_engine_and_still_gets_a_usage_row(router, engine):
+    engine.control(mode="hold", drop_after=1, chunks=3)
+    resp = router.post("/v1/chat/completions", {**CHAT, "stream": True}, stream=True)
+    next(line for line in resp.iter_lines() if line)
+    resp.close()
+    eventually(lambda: engine.stats()["cancelled"] == 1, what="the engine request cancelled")
+    row = eventually(lambda: usage_rows(router), what="a usage row")[-1]
+    assert row.status == 499
+    assert row.completion_tokens == 1
+    assert engine.stats()["active"] == 0
+
+
+def test_a_non_streaming_client_that_leaves_cancels_the_engine_request(router, engine):
+    engine.control(mode="stall")
+    client = openai.OpenAI(
+        base_url=router.url + "/v1", api_key=router.secret, max_retries=0, timeout=0.5
+    )
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(model="m", messages=CHAT["messages"])
+    eventually(lambda: engine.stats()["cancelled"] == 1, what="the engine request cancelled")

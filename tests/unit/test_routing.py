@@ -1,0 +1,60 @@
+import pytest
+from llmgw_router.routing import Endpoint, RoutingTable, parse_endpoint_flag
+
+
+def table(*specs, cooldown_s=5.0):
+    return RoutingTable([Endpoint(i, f"http://{i}", tuple(ms)) for i, ms in specs], cooldown_s)
+
+
+def test_the_endpoint_with_fewest_outstanding_requests_is_chosen():
+    t = table(("a", ["m"]), ("b", ["m"]), ("c", ["m"]))
+    eps = {e.id: e for e in t.endpoints()}
+    eps["a"].outstanding, eps["b"].outstanding, eps["c"].outstanding = 3, 1, 2
+    assert t.pick("m", now=0).id == "b"
+
+
+def test_ties_rotate_so_light_traffic_reaches_every_endpoint():
+    t = table(("a", ["m"]), ("b", ["m"]))
+    assert {t.pick("m", now=0).id for _ in range(4)} == {"a", "b"}
+
+
+def test_an_endpoint_that_failed_is_avoided_until_its_cooldown_ends():
+    t = table(("a", ["m"]), ("b", ["m"]), cooldown_s=5)
+    a = next(e for e in t.endpoints() if e.id == "a")
+    t.failed(a, now=100)
+    assert {t.pick("m", now=101).id for _ in range(4)} == {"b"}
+    assert "a" in {t.pick("m", now=106).id for _ in range(4)}
+
+
+def test_no_endpoint_is_offered_when_all_are_cooling_and_retry_after_says_when():
+    t = table(("a", ["m"]), cooldown_s=5)
+    t.failed(t.endpoints()[0], now=100)
+    assert t.pick("m", now=102) is None
+    assert t.retry_after("m", now=102) == pytest.approx(3)
+
+
+def test_excluded_endpoints_are_not_offered_again_in_the_same_request():
+    t = table(("a", ["m"]), ("b", ["m"]))
+    first = t.pick("m", now=0)
+    second = t.pick("m", now=0, exclude=[first])
+    assert second is not None and second is not first
+    assert t.pick("m", now=0, exclude=[first, second]) is None
+
+
+def test_replacing_the_table_keeps_the_counters_of_endpoints_that_stay():
+    t = table(("a", ["m"]))
+    t.endpoints()[0].outstanding = 4
+    t.replace([Endpoint("a", "http://a", ("m", "n")), Endpoint("b", "http://b", ("n",))])
+    assert t.models() == ["m", "n"]
+    assert next(e for e in t.endpoints() if e.id == "a").outstanding == 4
+
+
+def test_the_endpoint_flag_takes_id_url_and_models():
+    ep = parse_endpoint_flag("g0=http://127.0.0.1:8011/=gemma,gemma-alias")
+    assert (ep.id, ep.url, ep.models) == ("g0", "http://127.0.0.1:8011", ("gemma", "gemma-alias"))
+
+
+@pytest.mark.parametrize("bad", ["g0=http://x", "g0=localhost:1=m", "=http://x=m"])
+def test_a_malformed_endpoint_flag_says_what_it_wants(bad):
+    with pytest.raises(ValueError, match="ID=URL=MODEL|http://"):
+        parse_endpoint_flag(bad)

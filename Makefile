@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 export LLMGW_CACHE ?= $(HOME)/.cache/llmgw
 
-.PHONY: install engine demo test test-fast lint format bench clean
+.PHONY: install engine demo test test-fast lint format bench docs clean
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,9 @@ lint: install
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+docs: install
+	$(BIN)/python scripts/gen-cli-docs.py
 
 bench: install
 	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS))

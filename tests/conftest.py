@@ -56,6 +56,7 @@ def _fresh_pg_database(admin_url: str) -> str:
 
 def _drop_pg_database(admin_url: str, url: str) -> None:
     import psycopg2
+
     from llmgw.store import db_proxy
 
     if db_proxy.obj is not None:

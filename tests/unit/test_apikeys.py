@@ -1,4 +1,5 @@
 import pytest
+
 from llmgw import apikeys
 
 

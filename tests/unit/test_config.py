@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+
 from llmgw import config
 from llmgw.errors import ConfigError
 

@@ -1,4 +1,5 @@
 import pytest
+
 from llmgw_router.routing import Endpoint, RoutingTable, parse_endpoint_flag
 
 

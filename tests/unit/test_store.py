@@ -3,6 +3,7 @@
 import time
 
 import pytest
+
 from llmgw import apikeys
 from llmgw.errors import StoreError
 from llmgw.store import ApiKey, Usage, database_for, migrate, open_store, pending, redact

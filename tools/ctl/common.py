@@ -5,6 +5,7 @@ import sys
 from datetime import UTC, datetime
 
 import click
+
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import migrate, open_store

@@ -1,6 +1,7 @@
 """`llmgw config`: print and check the configuration."""
 
 import click
+
 from llmgw import config as configmod
 from llmgw_ctl.common import pass_state
 

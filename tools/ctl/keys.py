@@ -3,6 +3,7 @@
 import time
 
 import click
+
 from llmgw import apikeys
 from llmgw.store import ApiKey
 from llmgw_ctl.common import pass_state, print_json, print_table, when

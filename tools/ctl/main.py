@@ -1,6 +1,7 @@
 """The `llmgw` command group."""
 
 import click
+
 from llmgw import __version__
 from llmgw_ctl.common import State
 from llmgw_ctl.config import config

@@ -1,6 +1,7 @@
 """`llmgw store`: the store's schema."""
 
 import click
+
 from llmgw.errors import Error
 from llmgw.store import migrate, open_store, pending, redact
 from llmgw_ctl.common import pass_state

@@ -5,6 +5,7 @@ import asyncio
 import aiohttp
 import prometheus_client
 from aiohttp import web
+
 from llmgw import log
 from llmgw_router import metrics
 from llmgw_router.errors import api_error

@@ -3,6 +3,7 @@
 import json
 
 from aiohttp import web
+
 from llmgw.errors import Error
 
 # Statuses where the same request will fail the same way: tell SDKs not to retry.

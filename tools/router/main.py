@@ -6,6 +6,7 @@ import sys
 import click
 import uvloop
 from aiohttp import web
+
 from llmgw import __version__, log
 from llmgw import config as configmod
 from llmgw.errors import Error

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+
 from llmgw import log
 from llmgw_router import metrics
 from llmgw_router.errors import api_error

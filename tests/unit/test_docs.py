@@ -5,8 +5,11 @@ from tests.helpers import ROOT
 
 
 def test_the_cli_reference_matches_the_commands_help():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-cli-docs.py"),
-                             "--check"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen-cli-docs.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
 
 

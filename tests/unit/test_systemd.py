@@ -14,7 +14,8 @@ def test_every_unit_passes_systemd_analyze_verify(unit, tmp_path):
     # Point ExecStart at this checkout's venv, where the executables really are.
     text = text.replace("/opt/llmgw/venv/bin/", f"{BIN}/")
     (tmp_path / unit).write_text(text)
-    result = subprocess.run(["systemd-analyze", "verify", str(tmp_path / unit)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / unit)], capture_output=True, text=True
+    )
     problems = [line for line in result.stderr.splitlines() if unit in line or "Unknown" in line]
     assert result.returncode == 0 and not problems, result.stderr

@@ -2,7 +2,6 @@
 
 import asyncio
 
-import aiohttp
 import prometheus_client
 from aiohttp import web
 
@@ -12,6 +11,7 @@ from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
 from llmgw_router.proxy import CHAT, COMPLETIONS, EMBEDDINGS, Proxy, request_id
 from llmgw_router.routing import RoutingTable
+from llmgw_router.upstream import Pool
 from llmgw_router.usage import UsageWriter
 
 _log = log.get("llmgw.router")
@@ -36,25 +36,16 @@ def build(cfg, table: RoutingTable, db) -> web.Application:
     async def on_startup(app):
         keys.start(db)
         usage.start()
-        timeout = aiohttp.ClientTimeout(
-            total=rc.upstream_timeout_s, sock_connect=rc.connect_timeout_s
-        )
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-        )
-        app["session"] = session
+        pool = Pool(connect_timeout=rc.connect_timeout_s, total_timeout=rc.upstream_timeout_s)
+        app["pool"] = pool
         app["proxy"] = Proxy(
-            table, keys, usage, session, rc.max_body_bytes, rc.retries, rc.keepalive_interval_s
+            table, keys, usage, pool, rc.max_body_bytes, rc.retries, rc.keepalive_interval_s
         )
         metrics.KEYS_LOADED.set_function(lambda: len(keys))
         metrics.USAGE_PENDING.set_function(usage.pending)
 
     async def on_cleanup(app):
-        await app["session"].close()
+        app["pool"].close()
         keys.stop()
         # Flush in a thread: the store may be slow, and the loop is still ours.
         await asyncio.get_running_loop().run_in_executor(None, usage.stop)

@@ -11,7 +11,6 @@ import secrets
 import time
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
 from llmgw import log
@@ -19,6 +18,7 @@ from llmgw_router import metrics
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
 from llmgw_router.routing import Endpoint, RoutingTable
+from llmgw_router.upstream import Pool, Response, UpstreamError
 from llmgw_router.usage import UsageWriter
 
 _log = log.get("llmgw.router")
@@ -35,7 +35,7 @@ _PASS_HEADERS = ("Content-Type",)
 _DONE = b"data: [DONE]"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Route:
     """One OpenAI operation: the engine path and the field that must hold the input."""
 
@@ -43,6 +43,10 @@ class Route:
     input_field: str
     input_types: tuple
     streams: bool
+    head: bytes = b""  # the request line sent to the engine
+
+    def __post_init__(self):
+        self.head = f"POST {self.path} HTTP/1.1\r\n".encode()
 
 
 CHAT = Route("/v1/chat/completions", "messages", (list,), True)
@@ -60,7 +64,7 @@ class Proxy:
         table: RoutingTable,
         keys: KeyCache,
         usage: UsageWriter,
-        session: aiohttp.ClientSession,
+        pool: Pool,
         max_body_bytes: int,
         retries: int,
         keepalive_interval_s: float,
@@ -68,7 +72,7 @@ class Proxy:
         self.table = table
         self.keys = keys
         self.usage = usage
-        self.session = session
+        self.pool = pool
         self.max_body = max_body_bytes
         self.retries = retries
         self.keepalive_s = keepalive_interval_s
@@ -346,13 +350,14 @@ class Call:
                 tried.append(ep)
                 self.endpoint = ep
                 ep.outstanding += 1
+                head = b"".join(
+                    (self.route.head, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n")
+                )
                 try:
-                    upstream = await proxy.session.post(
-                        ep.url + self.route.path, data=body, headers=self._headers(ep)
-                    )
-                except (TimeoutError, aiohttp.ClientConnectionError, OSError) as e:
+                    upstream = await proxy.pool.request(proxy.pool.origin(ep.url), head, body)
+                except UpstreamError as e:
                     ep.outstanding -= 1
-                    last_reason = self._upstream_failed(ep, e)
+                    last_reason = self._upstream_failed(ep, e, e.kind)
                     continue
                 try:
                     await self._settle()
@@ -375,14 +380,7 @@ class Call:
             if self._keepalive_task is not None:
                 self._keepalive_task.cancel()
 
-    def _headers(self, ep: Endpoint) -> dict:
-        headers = dict(ep.headers)
-        headers["x-request-id"] = self.rid
-        return headers
-
-    def _upstream_failed(self, ep: Endpoint, err, kind: str | None = None) -> str:
-        if kind is None:
-            kind = "timeout" if isinstance(err, asyncio.TimeoutError) else "connect"
+    def _upstream_failed(self, ep: Endpoint, err, kind: str) -> str:
         reason = str(err) or type(err).__name__
         metrics.UPSTREAM_ERRORS.labels(ep.id, kind).inc()
         self.proxy.table.failed(ep, time.monotonic())
@@ -422,8 +420,11 @@ class Call:
 
     # -- relaying --------------------------------------------------------------------
 
-    async def _relay_whole(self, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
-        data = await upstream.read()
+    async def _relay_whole(self, upstream: Response) -> web.StreamResponse:
+        try:
+            data = await upstream.read()
+        except UpstreamError as e:
+            return await self._engine_broke(e)
         await self._settle()
         t = time.perf_counter()
         self.status = upstream.status
@@ -437,17 +438,17 @@ class Call:
         resp = web.Response(
             body=data,
             status=upstream.status,
-            headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+            headers={"Content-Type": upstream.headers.get("content-type", "application/json")},
         )
         self.overhead += time.perf_counter() - t
         return self._finish(resp)
 
-    async def _relay_stream(self, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    async def _relay_stream(self, upstream: Response) -> web.StreamResponse:
         self.status = 200
         buf = b""
         done = False
         try:
-            async for chunk in upstream.content.iter_any():
+            while (chunk := await upstream.next()) is not None:
                 t = time.perf_counter()
                 buf += chunk
                 end = buf.rfind(b"\n\n")
@@ -465,14 +466,8 @@ class Call:
             if buf.strip():
                 await self._write(buf)
                 done = done or buf.strip() == _DONE
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-            if isinstance(e, aiohttp.ClientConnectionResetError) and self._client_gone():
-                raise
-            reason = str(e) or type(e).__name__
-            self._upstream_failed(self.endpoint, reason, kind="stream_interrupted")
-            self.status = 502
-            await self._write_error_event(f"The engine stopped mid-stream: {reason}", 502)
-            return self.resp
+        except UpstreamError as e:
+            return await self._engine_broke(e)
         if not done:
             self._upstream_failed(
                 self.endpoint, "stream ended without [DONE]", kind="stream_interrupted"
@@ -481,6 +476,18 @@ class Call:
             await self._write_error_event("The engine ended the stream early.", 502)
             return self.resp
         await self.resp.write_eof()
+        return self.resp
+
+    async def _engine_broke(self, err: UpstreamError) -> web.StreamResponse:
+        """The engine failed after it had started answering: too late to retry."""
+        self._upstream_failed(self.endpoint, err, kind="stream_interrupted")
+        self.status = 502
+        message = f"The engine failed mid-response: {err}"
+        if self.resp is None:
+            return self._finish(
+                api_error(502, message, "server_error", "upstream_interrupted", self.rid)
+            )
+        await self._write_error_event(message, 502)
         return self.resp
 
     def _filter_events(self, block: bytes) -> bytes:
@@ -575,10 +582,6 @@ class Call:
         resp.headers["x-request-id"] = self.rid
         resp.headers["x-llmgw-served-model"] = self.model
         return resp
-
-    def _client_gone(self) -> bool:
-        transport = self.request.transport
-        return transport is None or transport.is_closing()
 
     # -- keepalive while waiting for the first token ----------------------------------
 

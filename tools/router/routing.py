@@ -16,13 +16,14 @@ class Endpoint:
     key: str = ""
     outstanding: int = 0
     cooldown_until: float = 0.0
-    headers: dict = field(default_factory=dict, repr=False)
+    head: bytes = field(default=b"", repr=False)  # header lines sent on every request
 
     def __post_init__(self):
         self.url = self.url.rstrip("/")
-        self.headers = {"Content-Type": "application/json"}
+        head = "Content-Type: application/json\r\n"
         if self.key:
-            self.headers["Authorization"] = f"Bearer {self.key}"
+            head += f"Authorization: Bearer {self.key}\r\n"
+        self.head = head.encode()
 
 
 def parse_endpoint_flag(text: str) -> Endpoint:

@@ -1,0 +1,354 @@
+"""A small HTTP/1.1 client for talking to engines, on plain asyncio protocols.
+
+The router's profile showed aiohttp's client costing more CPU per request than the
+rest of the request path together. Engines speak simple HTTP/1.1 (a JSON body with
+Content-Length, or a chunked SSE stream), so this client does just that: one write per
+request, a parser that hands body pieces to the caller as they arrive, kept-alive
+connections per endpoint, one timer per request for its whole deadline.
+
+    pool = Pool(connect_timeout=3, total_timeout=600)
+    resp = await pool.request(origin, b"POST /v1/completions HTTP/1.1\\r\\n...", body)
+    resp.status, resp.headers            # headers: lower-case names
+    data = await resp.read()             # or: while (piece := await resp.next()) ...
+    resp.release()                       # back to the pool if reusable, else closed
+"""
+
+import asyncio
+import collections
+import ssl as ssl_module
+from urllib.parse import urlsplit
+
+
+class UpstreamError(Exception):
+    """Talking to an engine failed; `kind` says how (connect, timeout, closed, protocol)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class Origin:
+    """Where an endpoint lives, and the request head bytes that never change for it."""
+
+    __slots__ = ("host", "port", "ssl", "host_header", "idle")
+
+    def __init__(self, url: str):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url!r}: want http://host:port or https://host:port")
+        self.ssl = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.ssl else 80)
+        self.host_header = parts.netloc.encode()
+        self.idle: collections.deque[Connection] = collections.deque()
+
+
+# Bytes of body waiting for the caller before we stop reading from the engine.
+_HIGH_WATER = 1 << 20
+
+
+class Connection(asyncio.Protocol):
+    __slots__ = (
+        "origin", "transport", "buf", "state", "status", "headers", "remaining", "chunked",
+        "keep_alive", "pieces", "buffered", "paused", "waiter", "error", "got_bytes",
+        "complete", "head",
+    )  # fmt: skip
+
+    def __init__(self, origin: Origin):
+        self.origin = origin
+        self.transport = None
+        self.error: UpstreamError | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.buf = b""
+        self.state = "head"
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.remaining = -1  # body bytes still due (Content-Length), -1 unknown
+        self.chunked = False
+        self.keep_alive = True
+        self.pieces: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.paused = False
+        self.waiter: asyncio.Future | None = None
+        self.got_bytes = False
+        self.complete = False
+        self.head: asyncio.Future | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+        if not self.complete:
+            if self.state == "body" and self.remaining < 0 and not self.chunked:
+                self._done()  # a body that runs until the connection closes
+            else:
+                what = "before answering" if self.state == "head" else "mid-response"
+                self._fail(UpstreamError("closed", f"engine closed the connection {what}"))
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        self.buf = self.buf + data if self.buf else data
+        try:
+            if self.state == "head":
+                self._parse_head()
+            if self.state == "body":
+                self._parse_body()
+        except (ValueError, IndexError):
+            self._fail(UpstreamError("protocol", "engine sent a malformed HTTP response"))
+            if self.transport:
+                self.transport.abort()
+
+    # -- parsing -----------------------------------------------------------------------
+
+    def _parse_head(self) -> None:
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buf) > 65536:
+                raise ValueError("header too large")
+            return
+        lines = self.buf[:end].decode("latin-1").split("\r\n")
+        self.buf = self.buf[end + 4 :]
+        version, status, *_ = lines[0].split(" ", 2)
+        self.status = int(status)
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self.headers = headers
+        if headers.get("connection", "").lower() == "close" or version == "HTTP/1.0":
+            self.keep_alive = False
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self.chunked = True
+        elif "content-length" in headers:
+            self.remaining = int(headers["content-length"])
+        elif self.status in (204, 304) or 100 <= self.status < 200:
+            self.remaining = 0
+        else:
+            self.keep_alive = False  # read until close
+        self.state = "body"
+        if self.head is not None and not self.head.done():
+            self.head.set_result(None)
+
+    def _parse_body(self) -> None:
+        if self.chunked:
+            self._parse_chunks()
+        elif self.remaining >= 0:
+            if self.buf:
+                take = self.buf[: self.remaining]
+                self.buf = self.buf[self.remaining :]
+                self.remaining -= len(take)
+                if take:
+                    self._deliver(take)
+            if self.remaining == 0:
+                self._done()
+        elif self.buf:
+            self._deliver(self.buf)
+            self.buf = b""
+
+    def _parse_chunks(self) -> None:
+        buf = self.buf
+        pos = 0
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size = int(buf[pos:eol].split(b";", 1)[0], 16)
+            if size == 0:
+                # The last chunk, then optional trailers, then an empty line.
+                end = buf.find(b"\r\n\r\n", eol)
+                if end < 0:
+                    break
+                self.buf = buf[end + 4 :]
+                self._done()
+                return
+            start = eol + 2
+            if len(buf) < start + size + 2:
+                break
+            self._deliver(buf[start : start + size])
+            pos = start + size + 2
+        self.buf = buf[pos:]
+
+    def _deliver(self, piece: bytes) -> None:
+        self.pieces.append(piece)
+        self.buffered += len(piece)
+        if self.buffered > _HIGH_WATER and not self.paused and self.transport:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def _done(self) -> None:
+        self.complete = True
+        self.state = "done"
+        self._wake()
+
+    def _fail(self, err: UpstreamError) -> None:
+        if self.error is None:
+            self.error = err
+        if self.head is not None and not self.head.done():
+            self.head.set_exception(err)
+            self.head.exception()  # retrieved: nobody else may be waiting on it
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # -- for the Response --------------------------------------------------------------
+
+    async def next_piece(self) -> bytes | None:
+        while not self.pieces:
+            if self.complete:
+                return None
+            if self.error is not None:
+                raise self.error
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            self.waiter = None
+        piece = self.pieces.popleft()
+        self.buffered -= len(piece)
+        if self.paused and self.buffered < _HIGH_WATER // 2 and self.transport:
+            self.paused = False
+            self.transport.resume_reading()
+        return piece
+
+    def reusable(self) -> bool:
+        return (
+            self.complete
+            and self.keep_alive
+            and not self.buf
+            and self.error is None
+            and self.transport is not None
+            and not self.transport.is_closing()
+        )
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+            self.transport = None
+
+
+class Response:
+    __slots__ = ("conn", "status", "headers", "_timer", "_released")
+
+    def __init__(self, conn: Connection, timer):
+        self.conn = conn
+        self.status = conn.status
+        self.headers = conn.headers
+        self._timer = timer
+        self._released = False
+
+    async def next(self) -> bytes | None:
+        """The next piece of the body as it arrived (chunk framing removed); None at end."""
+        return await self.conn.next_piece()
+
+    async def read(self) -> bytes:
+        parts = []
+        while (piece := await self.conn.next_piece()) is not None:
+            parts.append(piece)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Done with the response: keep the connection for the next request if we can."""
+        if self._released:
+            return
+        self._released = True
+        self._timer.cancel()
+        conn = self.conn
+        if conn.reusable():
+            conn._reset()
+            conn.origin.idle.append(conn)
+        else:
+            conn.close()
+
+
+class Pool:
+    """Kept-alive connections per origin; a request takes one or opens a new one."""
+
+    def __init__(self, connect_timeout: float = 3.0, total_timeout: float = 600.0):
+        self.connect_timeout = connect_timeout
+        self.total_timeout = total_timeout
+        self._origins: dict[str, Origin] = {}
+        self._ssl = None
+
+    def origin(self, url: str) -> Origin:
+        origin = self._origins.get(url)
+        if origin is None:
+            origin = self._origins[url] = Origin(url)
+        return origin
+
+    async def _connect(self, origin: Origin) -> Connection:
+        loop = asyncio.get_running_loop()
+        ssl = None
+        if origin.ssl:
+            ssl = self._ssl = self._ssl or ssl_module.create_default_context()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: Connection(origin), origin.host, origin.port, ssl=ssl
+                )
+        except TimeoutError:
+            raise UpstreamError(
+                "timeout",
+                f"connecting to {origin.host}:{origin.port} took over {self.connect_timeout:g}s",
+            ) from None
+        except OSError as e:
+            raise UpstreamError(
+                "connect", f"cannot connect to {origin.host}:{origin.port}: {e.strerror or e}"
+            ) from None
+        return conn
+
+    async def request(self, origin: Origin, head: bytes, body: bytes) -> Response:
+        """Send `head` (request line and headers, without Host, Content-Length or the
+        blank line) and `body`; return once the response's status and headers are in."""
+        data = b"".join(
+            (
+                head,
+                b"Host: ",
+                origin.host_header,
+                b"\r\nContent-Length: ",
+                str(len(body)).encode(),
+                b"\r\n\r\n",
+                body,
+            )
+        )
+        while origin.idle:
+            conn = origin.idle.pop()
+            if conn.transport is None or conn.transport.is_closing():
+                continue
+            try:
+                return await self._exchange(conn, data)
+            except UpstreamError as e:
+                # A kept-alive connection the engine had already closed: nothing was
+                # processed, so try again on another connection.
+                if e.kind != "closed" or conn.got_bytes:
+                    raise
+        return await self._exchange(await self._connect(origin), data)
+
+    async def _exchange(self, conn: Connection, data: bytes) -> Response:
+        loop = asyncio.get_running_loop()
+        conn.head = loop.create_future()
+        timer = loop.call_later(self.total_timeout, _expire, conn, self.total_timeout)
+        try:
+            conn.transport.write(data)
+            await conn.head
+        except BaseException:
+            timer.cancel()
+            conn.close()
+            raise
+        return Response(conn, timer)
+
+    def close(self) -> None:
+        for origin in self._origins.values():
+            while origin.idle:
+                origin.idle.pop().close()
+
+
+def _expire(conn: Connection, seconds: float) -> None:
+    conn._fail(UpstreamError("timeout", f"the engine took over {seconds:g}s"))
+    conn.close()

@@ -1,0 +1,487 @@
+"""Benchmark llmgw-router side by side with direct access, nginx and LiteLLM.
+
+    .venv/bin/python bench/run.py [--peers nginx,litellm] [--profile]   # or: make bench
+
+All targets sit in front of the same fast fake engine (bench/fake_engine.py) and are
+measured one after another in one run, against the direct baseline of that run. The
+proxy under test runs on CPU 1; the engine and the load generators share CPU 0.
+Prints a table and writes bench/RESULTS.md (and bench/PROFILE.md with --profile).
+"""
+
+import argparse
+import asyncio
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import loadgen
+import profiling
+import targets
+import uvloop
+from targets import WORK, Skip
+
+HOST = "127.0.0.1"
+CHUNKS = 20
+# Each phase stops at a request count or a time limit, whichever comes first.
+WARMUP_N, WARMUP_S = 300, 3
+LATENCY_N, LATENCY_S = 2000, 6  # concurrency 1
+CPU_N, CPU_S, CPU_C = 3000, 6, 8
+STREAM_N, STREAM_S = 1000, 8  # concurrency 1
+WRK_S, WRK_C = 5, 8
+PROFILE_S = 8
+
+BAR = {"cpu_req": 200, "cpu_stream": 500, "add_p50_ms": 0.4}
+
+
+@dataclass
+class Measured:
+    name: str
+    label: str
+    version: str = ""
+    skipped: str = ""
+    rps: float = float("nan")
+    wrk_p50_ms: float = float("nan")
+    wrk_p99_ms: float = float("nan")
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    cpu_req_us: float | None = None
+    cpu_stream_us: float | None = None
+    ttfb_ms: float = float("nan")
+    notes: list[str] = field(default_factory=list)
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, runner: asyncio.Runner, load_cpu: int | None):
+        self.runner, self.load_cpu = runner, load_cpu
+        self.wrk_script = WORK / "chat.lua"
+        self.wrk_script.write_text(WRK_LUA.format(body=loadgen.chat_body(False).decode()))
+
+    def load(self, target, stream: bool, count: int, conc: int, max_s: float):
+        body = loadgen.chat_body(stream)
+        raw = loadgen.raw_request(HOST, target.port, loadgen.CHAT_PATH, body, target.api_key)
+        return self.runner.run(loadgen.run(HOST, target.port, raw, count, conc, max_s, stream))
+
+    def with_cpu(self, target, stream: bool, count: int, conc: int, max_s: float):
+        """A load phase and the CPU time the target's processes spent during it (ns)."""
+        before = targets.cpu_ns(target.pids())
+        result = self.load(target, stream, count, conc, max_s)
+        spent = targets.cpu_ns(target.pids()) - before
+        return result, spent
+
+    def wait_working(self, target, timeout_s: float = 15) -> None:
+        """Until a request succeeds (a new API key takes the router up to ~2 s)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = self.load(target, False, 1, 1, 5)
+            if result.errors == 0:
+                return
+            if time.monotonic() > deadline or not target.alive():
+                raise Skip(f"requests keep failing: {result.first_error}")
+            time.sleep(0.3)
+
+    def measure(self, target) -> Measured:
+        m = Measured(target.name, target.label, target.version)
+
+        def say(what: str) -> None:
+            print(f"  {target.name}: {what}", flush=True)
+
+        self.wait_working(target)
+        say("warming up")
+        self.load(target, False, WARMUP_N, CPU_C, WARMUP_S)
+        self.load(target, True, WARMUP_N // 10, 2, WARMUP_S)
+
+        say(f"latency at concurrency 1 (≤{LATENCY_N} requests, ≤{LATENCY_S}s)")
+        r = self.load(target, False, LATENCY_N, 1, LATENCY_S)
+        self.check(m, "latency", r)
+        m.p50_ms = loadgen.percentile(r.latencies, 50) * 1e3
+        m.p99_ms = loadgen.percentile(r.latencies, 99) * 1e3
+
+        say(f"CPU per request at concurrency {CPU_C} (≤{CPU_N} requests, ≤{CPU_S}s)")
+        r, ns = self.with_cpu(target, False, CPU_N, CPU_C, CPU_S)
+        self.check(m, "cpu", r)
+        if target.is_proxy and r.ok:
+            m.cpu_req_us = ns / r.ok / 1e3
+
+        say(f"streams of {CHUNKS} chunks at concurrency 1 (≤{STREAM_N}, ≤{STREAM_S}s)")
+        r, ns = self.with_cpu(target, True, STREAM_N, 1, STREAM_S)
+        self.check(m, "streams", r)
+        m.ttfb_ms = loadgen.percentile(r.ttfbs, 50) * 1e3
+        if target.is_proxy and r.ok:
+            m.cpu_stream_us = ns / r.ok / 1e3
+
+        say(f"throughput with wrk, {WRK_C} connections for {WRK_S}s")
+        before = targets.cpu_ns(target.pids())
+        out = self.wrk(target, WRK_S)
+        if target.is_proxy and out["requests"]:
+            ns = targets.cpu_ns(target.pids()) - before
+            m.notes.append(
+                f"under wrk: {ns / out['requests'] / 1e3:,.0f} CPU µs/req, "
+                f"{ns / 1e9 / out['seconds']:.0%} of a core"
+            )
+        m.rps, m.wrk_p50_ms, m.wrk_p99_ms = out["rps"], out["p50_ms"], out["p99_ms"]
+        if out["problems"]:
+            m.notes.append(f"wrk: {out['problems']}")
+        if not target.alive():
+            m.notes.append("the process died during the run")
+        return m
+
+    @staticmethod
+    def check(m: Measured, phase: str, r: loadgen.Result) -> None:
+        if r.errors:
+            m.notes.append(f"{phase}: {r.errors}/{r.requests} failed, first: {r.first_error}")
+
+    def wrk(self, target, seconds: float) -> dict:
+        url = f"http://{HOST}:{target.port}{loadgen.CHAT_PATH}"
+        cmd = ["wrk", "-t1", f"-c{WRK_C}", f"-d{seconds}s", "--latency", "-s",
+               str(self.wrk_script), url]  # fmt: skip
+        if target.api_key:
+            cmd += ["-H", f"Authorization: Bearer {target.api_key}"]
+        out = subprocess.run(
+            targets.pinned(cmd, self.load_cpu), capture_output=True, text=True,
+            timeout=seconds + 30, env=targets.clean_env(),
+        )  # fmt: skip
+        return parse_wrk(out.stdout + out.stderr)
+
+    def profile(self, target) -> tuple[int, list[tuple[str, int]]] | str:
+        """Sample the target with py-spy under the wrk load; its top functions, or why not."""
+        raw, log = WORK / "profile.raw.txt", WORK / "py-spy.log"
+        raw.unlink(missing_ok=True)
+        try:
+            spy = profiling.record(target.pid, PROFILE_S, raw, log)
+        except (OSError, subprocess.CalledProcessError) as e:
+            return f"py-spy unavailable: {e}"
+        try:
+            time.sleep(0.5)  # let py-spy attach
+            self.wrk(target, PROFILE_S + 1)
+            spy.wait(PROFILE_S + 30)
+        finally:
+            targets.stop(spy)
+        if spy.returncode != 0 or not raw.exists():
+            return f"py-spy failed (exit {spy.returncode}):\n{targets.log_tail(log, 5)}"
+        return profiling.own_time(raw)
+
+
+WRK_LUA = """\
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{body}'
+"""
+
+
+def parse_wrk(text: str) -> dict:
+    def ms(value: str, unit: str) -> float:
+        return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
+
+    found = re.search(r"Requests/sec:\s*([\d.]+)", text)
+    out = {"rps": float(found.group(1)) if found else float("nan")}
+    found = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)", text)
+    out["requests"] = int(found.group(1)) if found else 0
+    out["seconds"] = ms(*found.groups()[1:]) / 1e3 if found else float("nan")
+    for pct in ("50", "99"):
+        found = re.search(rf"^\s*{pct}%\s+([\d.]+)(us|ms|s|m)\s*$", text, re.M)
+        out[f"p{pct}_ms"] = ms(*found.groups()) if found else float("nan")
+    problems = []
+    found = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    if found:
+        problems.append(f"{found.group(1)} non-2xx answers")
+    found = re.search(r"Socket errors: (.*)", text)
+    if found:
+        problems.append(f"socket errors: {found.group(1)}")
+    if not re.search(r"Requests/sec", text):
+        problems.append(f"unexpected output: {text.strip()[-300:]}")
+    out["problems"] = "; ".join(problems)
+    return out
+
+
+# --- reporting ---------------------------------------------------------------------------
+
+COLUMNS = ["target", f"req/s c={WRK_C}", "× direct", "p50 ms c=1", "+p50 ms", "+p99 ms",
+           "CPU µs/req", "CPU µs/stream", "TTFB ms", "+TTFB ms"]  # fmt: skip
+
+
+def fmt(value, spec: str, signed: bool = False) -> str:
+    if value is None or value != value:  # None or NaN
+        return "—"
+    return format(value, ("+" if signed else "") + spec)
+
+
+def ratio(value: float) -> str:
+    """0.37×, or two significant digits for small ratios (0.0015×)."""
+    return fmt(value, ".2f" if value >= 0.1 else ".2g") + "×"
+
+
+def table_rows(results: list[Measured]) -> list[list[str]]:
+    base = results[0]
+    rows = []
+    for m in results:
+        if m.skipped:
+            rows.append([m.name, "skipped"] + [""] * (len(COLUMNS) - 2))
+            continue
+        is_base = m is base
+        rows.append([
+            m.name,
+            fmt(m.rps, ",.0f"),
+            "1.00×" if is_base else ratio(m.rps / base.rps),
+            fmt(m.p50_ms, ".3f"),
+            "—" if is_base else fmt(m.p50_ms - base.p50_ms, ".3f", True),
+            "—" if is_base else fmt(m.p99_ms - base.p99_ms, ".3f", True),
+            fmt(m.cpu_req_us, ",.0f"),
+            fmt(m.cpu_stream_us, ",.0f"),
+            fmt(m.ttfb_ms, ".3f"),
+            "—" if is_base else fmt(m.ttfb_ms - base.ttfb_ms, ".3f", True),
+        ])  # fmt: skip
+    return rows
+
+
+def text_table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+
+    def line(cells: list[str]) -> str:
+        padded = [c.rjust(w) for c, w in zip(cells, widths, strict=True)]
+        padded[0] = cells[0].ljust(widths[0])
+        return "  ".join(padded)
+
+    return "\n".join([line(COLUMNS), "  ".join("-" * w for w in widths), *map(line, rows)])
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---" + "|--:" * (len(COLUMNS) - 1) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def notes(results: list[Measured]) -> list[str]:
+    out = []
+    for m in results:
+        what = m.label + (f" {m.version}" if m.version else "")
+        if m.skipped:
+            out.append(f"{m.name}: skipped: {m.skipped}")
+            continue
+        extra = [f"wrk p50/p99 {m.wrk_p50_ms:.3f}/{m.wrk_p99_ms:.3f} ms", *m.notes]
+        out.append(f"{m.name}: {what}; " + "; ".join(extra))
+    return out
+
+
+def bar_check(results: list[Measured]) -> list[str]:
+    router = next((m for m in results if m.name == "llmgw" and not m.skipped), None)
+    if router is None:
+        return []
+    add_p50 = router.p50_ms - results[0].p50_ms
+    checks = [
+        ("CPU per request", router.cpu_req_us, BAR["cpu_req"], "µs", ".0f"),
+        (f"CPU per {CHUNKS}-chunk stream", router.cpu_stream_us, BAR["cpu_stream"], "µs", ".0f"),
+        ("added p50 latency at c=1", add_p50, BAR["add_p50_ms"], "ms", ".3f"),
+    ]
+    out = []
+    for what, value, limit, unit, spec in checks:
+        verdict = "n/a" if value is None else ("meets" if value <= limit else "MISSES")
+        out.append(f"{what}: {fmt(value, spec)} {unit} (bar ≤{limit} {unit}): {verdict}")
+    return out
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{os.cpu_count()} CPUs ({model}), Linux {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def write_results(path: Path, results, rows, pinning: str, when: str, gap_ms: float) -> None:
+    pacing = f"{gap_ms:g} ms apart" if gap_ms else "each its own write, back to back"
+    text = f"""# Benchmark: llmgw-router and its peers
+
+Generated by `make bench` (`bench/run.py`) on {when}.
+
+Machine: {machine()}. {pinning}
+
+{markdown_table(rows)}
+
+{chr(10).join("- " + n for n in notes(results))}
+
+llmgw-router against its bar:
+
+{chr(10).join("- " + c for c in bar_check(results)) or "- (router not measured)"}
+
+## Method
+
+All targets forward to the same fake engine (`bench/fake_engine.py`, raw uvloop
+Protocols: a fixed JSON answer with `usage`, or {CHUNKS} SSE chunks ({pacing}), then a
+usage chunk and `[DONE]`), one target at a time, and every figure is compared
+with the direct baseline of the same run. `direct` is the engine itself; `nginx` a
+plain reverse proxy (1 worker, upstream keep-alive, `proxy_buffering off`); `litellm`
+LiteLLM's proxy with the engine as an `openai/` model; `llmgw` llmgw-router with API
+keys, usage recording into a SQLite store and Prometheus metrics on.
+
+- req/s: `wrk -t1 -c{WRK_C} -d{WRK_S}s`, non-streaming chat completions.
+- p50/p99 at c=1: up to {LATENCY_N} sequential requests (≤{LATENCY_S} s) on one keep-alive
+  connection from a raw-asyncio client; `+` columns are the difference from direct.
+- CPU µs/req: user+system CPU of the proxy's process tree (all threads, from
+  `/proc/PID/task/*/schedstat`) over up to {CPU_N} requests at concurrency {CPU_C}
+  (≤{CPU_S} s), divided by the requests answered.
+- CPU µs/stream and TTFB: the same over up to {STREAM_N} sequential streamed requests
+  (≤{STREAM_S} s); TTFB is the time to the first body chunk (p50).
+- The proxy is pinned to CPU 1 (`taskset`), the engine, wrk and the Python load
+  generator to CPU 0, so the proxy's CPU is its own; req/s can be capped by CPU 0.
+"""
+    path.write_text(text)
+
+
+def write_profile(path: Path, profile, when: str) -> str:
+    if isinstance(profile, str):
+        body = profile
+    else:
+        total, top = profile
+        lines = ["| own samples | % | function |", "|--:|--:|---|"]
+        lines += [f"| {n} | {100 * n / total:.1f} | `{fn}` |" for fn, n in top]
+        body = f"{total} samples in all.\n\n" + "\n".join(lines)
+    path.write_text(
+        f"# Profile: llmgw-router under load\n\nGenerated by `bench/run.py --profile` on {when}:"
+        f" py-spy at 500 Hz (`--nonblocking`, idle threads excluded) for {PROFILE_S} s while"
+        f" wrk sends non-streaming requests over {WRK_C} connections. Functions by own time"
+        f" (the leaf frame of each sample); time in C code, uvloop's loop and system calls"
+        f" included, counts against the Python frame that called it (`run_app` is the event"
+        f" loop itself).\n\nMachine: {machine()}.\n\n{body}\n"
+    )
+    if isinstance(profile, str):
+        return profile
+    total, top = profile
+    return "\n".join(f"{n:7d} {100 * n / total:5.1f}%  {fn}" for fn, n in top)
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(
+        description="Benchmark llmgw-router against direct access and peer proxies."
+    )
+    parser.add_argument(
+        "--peers", default="nginx,litellm",
+        help="comma-separated peers to measure besides direct and llmgw: nginx, litellm "
+             "(default: nginx,litellm; '' for none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", action="store_true", help="also sample llmgw-router with py-spy"
+    )
+    parser.add_argument(
+        "--chunk-gap-ms", type=float, default=0.0, metavar="MS",
+        help="pause between the fake engine's stream chunks (default 0: back to back; with a "
+             "pause every chunk wakes the proxy, which on an idle VM costs far more CPU)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = [p for p in args.peers if p not in targets.PEERS]
+    if unknown:
+        parser.error(f"unknown peer {', '.join(unknown)}; choose from {', '.join(targets.PEERS)}")
+    return args
+
+
+def preflight(peers: list[str]) -> None:
+    missing = [tool for tool in ("wrk", "taskset") if shutil.which(tool) is None]
+    if "nginx" in peers and not (shutil.which("nginx") or Path("/usr/sbin/nginx").exists()):
+        missing.append("nginx")
+    if missing:
+        sys.exit(
+            f"bench: {', '.join(missing)} not found. Install with: {targets.INSTALL_HINT}"
+            + (" (taskset is in util-linux)" if "taskset" in missing else "")
+            + ("; or leave nginx out with --peers litellm" if "nginx" in missing else "")
+        )
+
+
+def main() -> int:
+    args = parse_args()
+    preflight(args.peers)
+    WORK.mkdir(parents=True, exist_ok=True)
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:
+        load_cpu, proxy_cpu = cpus[0], cpus[1]
+        os.sched_setaffinity(0, {load_cpu})  # this process is the Python load generator
+        pinning = (
+            f"The proxy runs on CPU {proxy_cpu}; the engine and load generators on CPU {load_cpu}."
+        )
+    else:
+        load_cpu = proxy_cpu = None
+        pinning = "Only one CPU: nothing pinned, so proxy, engine and load share it."
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"bench: {machine()}\nbench: {pinning}", flush=True)
+
+    results: list[Measured] = []
+    profile = None
+    with ExitStack() as stack:
+        runner = stack.enter_context(asyncio.Runner(loop_factory=uvloop.new_event_loop))
+        engine = targets.Engine(load_cpu, CHUNKS, args.chunk_gap_ms)
+        stack.callback(engine.stop)
+        engine.start()
+        bench = Bench(runner, load_cpu)
+        kinds = [targets.Target, *(targets.PEERS[p] for p in args.peers), targets.Router]
+        for kind in kinds:
+            target = kind(engine, proxy_cpu)
+            print(f"bench: {target.label}", flush=True)
+            try:
+                target.start()
+                m = bench.measure(target)
+                if args.profile and isinstance(target, targets.Router):
+                    print("  llmgw: profiling with py-spy", flush=True)
+                    profile = bench.profile(target)
+                target.finish()
+                m.version, m.notes = target.version, m.notes + target.notes
+            except Skip as e:
+                print(f"  {target.name}: skipped: {e}", flush=True)
+                m = Measured(target.name, target.label, target.version, skipped=str(e))
+                if kind is targets.Target:
+                    print("bench: the engine does not answer; giving up", file=sys.stderr)
+                    return 1
+            finally:
+                target.stop()
+            results.append(m)
+
+    rows = table_rows(results)
+    print()
+    print(text_table(rows))
+    print()
+    for line in notes(results) + bar_check(results):
+        print(line)
+    results_md = targets.BENCH / "RESULTS.md"
+    write_results(results_md, results, rows, pinning, when, args.chunk_gap_ms)
+    print(f"\nbench: wrote {results_md.relative_to(targets.ROOT)}")
+    if profile is not None:
+        profile_md = targets.BENCH / "PROFILE.md"
+        summary = write_profile(profile_md, profile, when)
+        print(f"\nllmgw-router, top functions by own samples:\n{summary}")
+        print(f"bench: wrote {profile_md.relative_to(targets.ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\nbench: interrupted; processes stopped", file=sys.stderr)
+        sys.exit(130)

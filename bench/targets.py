@@ -1,0 +1,443 @@
+"""What the benchmark runs: the fake engine and the targets in front of it, each a process
+(tree) pinned to a CPU, started and stopped cleanly, with its CPU time readable."""
+
+import os
+import secrets
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+WORK = BENCH / ".work"
+VENV_BIN = Path(sys.executable).parent
+MODEL = "bench"
+INSTALL_HINT = "apt-get install nginx-light wrk"
+
+
+class Skip(Exception):
+    """A target that cannot run here; the message says why."""
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+def clean_env(**extra) -> dict:
+    """The environment for children: no HTTP proxies (all traffic is to 127.0.0.1)."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    env.update(extra)
+    return env
+
+
+def pinned(cmd: list[str], cpu: int | None) -> list[str]:
+    return ["taskset", "-c", str(cpu), *cmd] if cpu is not None else cmd
+
+
+def spawn(cmd: list[str], log: Path, cpu: int | None, env: dict | None = None, cwd=None):
+    """Start cmd in its own process group, output to log, pinned to cpu."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            pinned(cmd, cpu),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env or clean_env(),
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
+def stop(proc: subprocess.Popen | None, grace_s: float = 5.0) -> None:
+    """Stop a process started by spawn() and everything in its group."""
+    if proc is None or proc.poll() is not None:
+        _killpg(proc, signal.SIGKILL)  # stray children of a dead leader
+        return
+    _killpg(proc, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _killpg(proc, signal.SIGKILL)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _killpg(proc, sig) -> None:
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, sig)  # the group id is the leader's pid (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def log_tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def http_get(url: str, timeout: float = 2.0) -> int:
+    """The status of GET url (0 if it could not be reached), never through a proxy."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (OSError, ValueError):
+        return 0
+
+
+def wait_ready(url: str, proc, log: Path, timeout_s: float, name: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise Skip(f"{name} exited with {proc.returncode} while starting:\n{log_tail(log)}")
+        if http_get(url) == 200:
+            return
+        time.sleep(0.2)
+    raise Skip(f"{name} not ready at {url} after {timeout_s:.0f}s:\n{log_tail(log)}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- CPU accounting ----------------------------------------------------------------------
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    return tree
+
+
+def cpu_ns(pids: list[int]) -> int:
+    """CPU time (user + system) of the processes' threads, in ns.
+
+    Summed from /proc/PID/task/TID/schedstat (nanosecond precision); utime+stime in
+    /proc/PID/stat count in clock ticks (10 ms), too coarse for a few thousand requests
+    through nginx. Used as the fallback where schedstat is unavailable."""
+    total = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        from_schedstat = 0
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                    from_schedstat += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        if from_schedstat:
+            total += from_schedstat
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        total += ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return total
+
+
+# --- the fake engine ---------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(self, cpu: int | None, chunks: int, gap_ms: float):
+        self.cpu, self.chunks, self.gap_ms = cpu, chunks, gap_ms
+        self.port = free_port()
+        self.proc = None
+        self.log = WORK / "engine.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        cmd = [sys.executable, str(BENCH / "fake_engine.py"), "--port", str(self.port),
+               "--chunks", str(self.chunks), "--gap-ms", str(self.gap_ms)]  # fmt: skip
+        self.proc = spawn(cmd, self.log, self.cpu)
+        try:
+            wait_ready(self.url + "/health", self.proc, self.log, 10, "fake engine")
+        except Skip as e:
+            raise RuntimeError(str(e)) from None
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+# --- targets -----------------------------------------------------------------------------
+
+
+class Target:
+    """Something to send chat completions to. Direct to the engine unless a subclass
+    starts a proxy in front of it."""
+
+    name = "direct"
+    label = "direct (fake engine)"
+
+    def __init__(self, engine: Engine, cpu: int | None):
+        self.engine, self.cpu = engine, cpu
+        self.port = engine.port
+        self.api_key = ""
+        self.proc: subprocess.Popen | None = None
+        self.log = WORK / f"{self.name}.log"
+        self.version = ""
+        self.notes: list[str] = []
+
+    @property
+    def is_proxy(self) -> bool:
+        return self.proc is not None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+    def alive(self) -> bool:
+        return self.proc is None or self.proc.poll() is None
+
+    def pids(self) -> list[int]:
+        return process_tree(self.proc.pid) if self.proc is not None else []
+
+    def finish(self) -> None:
+        """After measuring, before stopping: add notes (e.g. what the proxy recorded)."""
+
+
+class Nginx(Target):
+    name = "nginx"
+    label = "nginx (reverse proxy)"
+
+    def start(self) -> None:
+        binary = shutil.which("nginx") or next(
+            (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
+        )
+        if binary is None:
+            raise Skip(f"nginx is not installed ({INSTALL_HINT})")
+        prefix = WORK / "nginx"
+        shutil.rmtree(prefix, ignore_errors=True)
+        (prefix / "logs").mkdir(parents=True)
+        self.port = free_port()
+        conf = prefix / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(prefix=prefix, port=self.port, engine=self.engine.port))
+        out = subprocess.run([binary, "-v"], capture_output=True, text=True)
+        self.version = out.stderr.strip().removeprefix("nginx version: ")
+        self.proc = spawn(
+            [binary, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "logs/error.log")],
+            self.log,
+            self.cpu,
+        )
+        wait_ready(f"http://127.0.0.1:{self.port}/health", self.proc, self.log, 10, "nginx")
+
+
+NGINX_CONF = """\
+daemon off;
+master_process off;
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+
+events {{
+    worker_connections 1024;
+}}
+
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/client_body_temp;
+    proxy_temp_path {prefix}/proxy_temp;
+
+    upstream engine {{
+        server 127.0.0.1:{engine};
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+
+    server {{
+        listen 127.0.0.1:{port};
+        keepalive_requests 1000000;
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+class LiteLLM(Target):
+    name = "litellm"
+    label = "LiteLLM proxy"
+    venv = WORK / "litellm-venv"
+    spec = "litellm[proxy]"
+
+    def install(self) -> None:
+        marker = self.venv / ".bench-installed"
+        if marker.exists():
+            return
+        print(f"  installing {self.spec} into {self.venv} (first use; a few minutes)", flush=True)
+        log = WORK / "litellm-install.log"
+        steps = [
+            [sys.executable, "-m", "venv", "--clear", str(self.venv)],
+            [str(self.venv / "bin/pip"), "install", "--quiet", "--upgrade", "pip"],
+            [str(self.venv / "bin/pip"), "install", "--quiet", self.spec],
+        ]
+        with open(log, "wb") as out:
+            for step in steps:
+                try:
+                    rc = subprocess.run(
+                        step, stdout=out, stderr=subprocess.STDOUT, env=os.environ, timeout=1200
+                    ).returncode
+                except (OSError, subprocess.TimeoutExpired) as e:
+                    raise Skip(f"installing LiteLLM failed: {e}") from None
+                if rc != 0:
+                    raise Skip(f"installing LiteLLM failed ({' '.join(step[-2:])}, see {log}):"
+                               f"\n{log_tail(log, 5)}")  # fmt: skip
+        marker.touch()
+
+    def start(self) -> None:
+        self.install()
+        self.port = free_port()
+        conf = WORK / "litellm.yaml"
+        # LiteLLM refuses to start without a master key; clients then present it, much as
+        # llmgw's clients present an API key.
+        self.api_key = "sk-bench-" + secrets.token_hex(16)
+        conf.write_text(
+            LITELLM_CONF.format(model=MODEL, engine=self.engine.url, master_key=self.api_key)
+        )
+        out = subprocess.run(
+            [str(self.venv / "bin/python"), "-c",
+             "import importlib.metadata as m; print(m.version('litellm'))"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        self.version = out.stdout.strip()
+        env = clean_env(
+            LITELLM_LOCAL_MODEL_COST_MAP="True",  # do not fetch the cost map from the internet
+            LITELLM_LOG="ERROR",
+            DISABLE_SCHEMA_UPDATE="True",
+        )
+        for var in ("DATABASE_URL", "LITELLM_MASTER_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+            env.pop(var, None)
+        cmd = [str(self.venv / "bin/litellm"), "--config", str(conf), "--host", "127.0.0.1",
+               "--port", str(self.port), "--num_workers", "1"]  # fmt: skip
+        self.proc = spawn(cmd, self.log, self.cpu, env=env, cwd=WORK)
+        url = f"http://127.0.0.1:{self.port}/health/liveliness"
+        wait_ready(url, self.proc, self.log, 180, "LiteLLM")
+
+
+LITELLM_CONF = """\
+model_list:
+  - model_name: {model}
+    litellm_params:
+      model: openai/{model}
+      api_base: {engine}/v1
+      api_key: bench-engine-key
+litellm_settings:
+  telemetry: false
+general_settings:
+  master_key: {master_key}
+"""
+
+
+class Router(Target):
+    name = "llmgw"
+    label = "llmgw-router (keys, usage, metrics)"
+
+    def start(self) -> None:
+        work = WORK / "router"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        self.db = work / "bench.db"
+        self.port = free_port()
+        (work / "engine.key").write_text("bench-engine-key\n")
+        config = work / "llmgw.toml"
+        config.write_text(ROUTER_CONF.format(port=self.port, engine=self.engine.url, model=MODEL))
+        env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{self.db}")
+        out = subprocess.run(
+            [str(VENV_BIN / "llmgw"), "keys", "create", "--name", "bench", "--json"],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise Skip(f"llmgw keys create failed: {out.stderr.strip()[-500:]}")
+        import json
+
+        self.api_key = json.loads(out.stdout)["secret"]
+        out = subprocess.run([str(VENV_BIN / "llmgw-router"), "--version"], capture_output=True,
+                             text=True, env=env)  # fmt: skip
+        self.version = out.stdout.strip().split()[-1] if out.stdout.strip() else ""
+        self.proc = spawn([str(VENV_BIN / "llmgw-router"), "--config", str(config)],
+                          self.log, self.cpu, env=env)  # fmt: skip
+        wait_ready(f"http://127.0.0.1:{self.port}/health", self.proc, self.log, 30, "llmgw-router")
+
+    def finish(self) -> None:
+        """Note how many usage rows the router wrote (it flushes at least every second)."""
+        time.sleep(1.5)
+        try:
+            with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=5) as db:
+                rows = db.execute("SELECT count(*) FROM usage").fetchone()[0]
+            self.notes.append(f"{rows} usage rows written")
+        except sqlite3.Error as e:
+            self.notes.append(f"usage rows unreadable: {e}")
+
+
+ROUTER_CONF = """\
+[log]
+level = "info"
+
+[paths]
+state_dir = "."
+
+[router]
+listen = "127.0.0.1:{port}"
+
+[[router.endpoints]]
+id = "fake"
+url = "{engine}"
+models = ["{model}"]
+key = "@engine.key"
+"""
+
+PEERS = {"nginx": Nginx, "litellm": LiteLLM}

@@ -53,3 +53,10 @@ def create(name: str, models: list[str], expires_in: float | None, now: float | 
         updated_at=now,
     )
     return row, secret
+
+
+def engine_key(cluster_secret: str, replica_id: str) -> str:
+    """The key one engine demands: only the scheduler and routers can compute it."""
+    import hmac
+
+    return hmac.new(cluster_secret.encode(), replica_id.encode(), hashlib.sha256).hexdigest()

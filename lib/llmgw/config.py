@@ -64,6 +64,88 @@ class RouterConfig:
     usage_buffer: int = 100_000
     shutdown_grace_s: float = 30.0
     endpoints: list[EndpointConfig] = field(default_factory=list)
+    # The schedulers' routing-table feeds (PUB sockets); empty: static endpoints only.
+    schedulers: list[str] = field(default_factory=list)
+    # This router's name on the bus: its CURVE keypair is <config_dir>/pki/curve/NAME.key.
+    bus_name: str = "router"
+
+
+@dataclass
+class SchedulerConfig:
+    bus: str = "tcp://127.0.0.1:7070"  # ROUTER socket agents connect to
+    publish: str = "tcp://127.0.0.1:7071"  # PUB socket routers subscribe to
+    metrics_listen: str = "127.0.0.1:9071"
+    tick_s: float = 1.0
+    node_lost_s: float = 10.0
+    snapshot_s: float = 3.0
+    # After a start, how long before an engine that is not ready counts as failed.
+    start_timeout_s: float = 600.0
+    backoff_base_s: float = 2.0
+    backoff_max_s: float = 300.0
+    # After its own start, wait this long for agents to report before starting anything,
+    # so replicas that are already running are not started twice.
+    settle_s: float = 5.0
+
+
+@dataclass
+class EngineConfig:
+    """An engine command the agent knows, beside the built-in llama.cpp."""
+
+    name: str = ""
+    version: str = ""
+    # argv template; {port} {host} {model_path} {key_file} {context} {parallel} fill in.
+    command: list[str] = field(default_factory=list)
+    health: str = "/health"
+
+
+@dataclass
+class AgentConfig:
+    # The node's name on the bus: its CURVE keypair is <config_dir>/pki/curve/NAME.key.
+    name: str = ""  # empty: the host name
+    schedulers: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:7070"])
+    host: str = "127.0.0.1"  # where engines listen, as routers reach them
+    port_min: int = 8100
+    port_max: int = 8199
+    heartbeat_s: float = 2.0
+    metrics_listen: str = "127.0.0.1:9072"
+    # Resources to report instead of what is detected (0 / -1: detect).
+    cpus: int = 0
+    memory_bytes: int = 0
+    gpus: int = -1
+    log_lines: int = 500
+    # Finished engine builds are looked for here before building (~/.cache/llmgw/engines).
+    engine_cache: str = ""
+    engines: list[EngineConfig] = field(default_factory=list)
+
+
+@dataclass
+class ProfileConfig:
+    context: int = 4096
+    parallel: int = 1
+    gpus: int = 0
+    args: list[str] = field(default_factory=list)
+    # Memory one replica needs, when the GGUF estimate is unavailable or wrong (0: estimate).
+    memory_bytes: int = 0
+
+
+@dataclass
+class ScalingConfig:
+    min: int = 1
+    max: int = 1
+
+
+@dataclass
+class ModelConfig:
+    name: str = ""
+    aliases: list[str] = field(default_factory=list)
+    # A GGUF path, file:// or https:// URL (with sha256), or pypi:PACKAGE.
+    source: str = ""
+    sha256: str = ""
+    engine: str = "llama.cpp"
+    engine_version: str = "0.3.36"
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    fallbacks: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -72,12 +154,18 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    models: list[ModelConfig] = field(default_factory=list)
     source: str = ""  # the file this came from, "" for built-in defaults
 
     def store_url(self) -> str:
         """The store's address: LLMGW_STORE, else store.url, else SQLite in state_dir."""
         url = os.environ.get("LLMGW_STORE") or self.store.url
         return url or f"sqlite://{Path(self.paths.state_dir).absolute()}/llmgw.db"
+
+    def curve_dir(self) -> Path:
+        return Path(self.paths.config_dir) / "pki" / "curve"
 
 
 def _type_name(tp) -> str:

@@ -80,12 +80,15 @@ def test_the_example_config_loads_and_shows_every_key_with_its_default(tmp_path)
     text = config.example()
     cfg = config.load(write(tmp_path, text))
     defaults = config.Config()
-    for section in ("log", "store", "router"):
+    for section in ("log", "store", "router", "scheduler", "agent"):
         got, want = getattr(cfg, section), getattr(defaults, section)
         for f in dataclasses.fields(want):
-            if f.name == "endpoints":
+            if f.name in ("endpoints", "engines"):
                 continue
             assert f"\n{f.name} = " in text, f"{section}.{f.name} is missing from the example"
             assert getattr(got, f.name) == getattr(want, f.name), f"{section}.{f.name}"
-    for f in dataclasses.fields(config.EndpointConfig):
-        assert f"# {f.name} = " in text, f"router.endpoints.{f.name} is not shown"
+    for cls in (config.EndpointConfig, config.EngineConfig, config.ModelConfig,
+                config.ProfileConfig, config.ScalingConfig):
+        for f in dataclasses.fields(cls):
+            if f.name not in ("profile", "scaling"):
+                assert f"# {f.name} = " in text, f"{cls.__name__}.{f.name} is not shown"

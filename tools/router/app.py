@@ -17,7 +17,7 @@ from llmgw_router.usage import UsageWriter
 _log = log.get("llmgw.router")
 
 
-def build(cfg, table: RoutingTable, db) -> web.Application:
+def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
     """The application; workers start with it and stop (flushing usage) with it."""
     rc = cfg.router
     keys = KeyCache(refresh_s=rc.key_refresh_s)
@@ -41,10 +41,18 @@ def build(cfg, table: RoutingTable, db) -> web.Application:
         app["proxy"] = Proxy(
             table, keys, usage, pool, rc.max_body_bytes, rc.retries, rc.keepalive_interval_s
         )
+        if feed is not None:
+            loop = asyncio.get_running_loop()
+            # The feed's thread hands each new table to the loop; the request path only
+            # ever sees a whole table.
+            feed.apply = lambda eps, known: loop.call_soon_threadsafe(table.replace, eps, known)
+            feed.start()
         metrics.KEYS_LOADED.set_function(lambda: len(keys))
         metrics.USAGE_PENDING.set_function(usage.pending)
 
     async def on_cleanup(app):
+        if feed is not None:
+            feed.stop()
         app["pool"].close()
         keys.stop()
         # Flush in a thread: the store may be slow, and the loop is still ours.

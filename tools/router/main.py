@@ -7,11 +7,12 @@ import click
 import uvloop
 from aiohttp import web
 
-from llmgw import __version__, log
+from llmgw import __version__, bus, log
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import migrate, open_store, redact
 from llmgw_router.app import build
+from llmgw_router.feed import Feed
 from llmgw_router.routing import Endpoint, RoutingTable, parse_endpoint_flag
 
 _log = log.get("llmgw.router")
@@ -63,8 +64,8 @@ def main(config_path, listen, endpoints):
             eps = [Endpoint(e.id, e.url, tuple(e.models), e.key) for e in cfg.router.endpoints]
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    if not eps:
-        _log.warning("no_endpoints", hint="give --endpoint or [[router.endpoints]]")
+    if not eps and not cfg.router.schedulers:
+        _log.warning("no_endpoints", hint="give --endpoint, [[router.endpoints]] or schedulers")
     url = cfg.store_url()
     try:
         db = open_store(url)
@@ -73,7 +74,16 @@ def main(config_path, listen, endpoints):
     except Error as e:
         raise click.ClickException(str(e)) from None
 
-    app = build(cfg, RoutingTable(eps, cooldown_s=cfg.router.cooldown_s), db)
+    table = RoutingTable(eps, cooldown_s=cfg.router.cooldown_s)
+    feed = None
+    if cfg.router.schedulers:
+        try:
+            keys = bus.load_keypair(cfg.curve_dir(), cfg.router.bus_name)
+            server_public = bus.load_public(cfg.curve_dir(), bus.SCHEDULER)
+        except Error as e:
+            raise click.ClickException(str(e)) from None
+        feed = Feed(table, cfg.router.schedulers, keys, server_public, static=eps)
+    app = build(cfg, table, db, feed)
     _log.info(
         "starting",
         listen=f"{host}:{port}",

@@ -157,6 +157,21 @@ class Proxy:
                 key.id,
                 model,
             )
+        if not self.table.serves(model) and self.table.knows(model):
+            return self.reject(
+                api_error(
+                    503,
+                    f"The model '{model}' has no ready replica yet; it is being started.",
+                    "server_error",
+                    "model_not_ready",
+                    rid,
+                    retry_after=5,
+                ),
+                t0,
+                rid,
+                key.id,
+                model,
+            )
         if not self.table.serves(model):
             return self.reject(
                 api_error(

@@ -44,11 +44,16 @@ class RoutingTable:
         self.cooldown_s = cooldown_s
         self._by_model: dict[str, list[Endpoint]] = {}
         self._by_id: dict[str, Endpoint] = {}
+        self._known: frozenset[str] = frozenset()
         self._turn = 0
         self.replace(list(endpoints))
 
-    def replace(self, endpoints: list[Endpoint]) -> None:
-        """Install a new set of endpoints, keeping the counters of ones that stay."""
+    def replace(self, endpoints: list[Endpoint], known=()) -> None:
+        """Install a new set of endpoints, keeping the counters of ones that stay.
+
+        `known` names models (and aliases) the catalog has, served or not, so a request
+        for one that is still starting is told to wait rather than that it does not exist.
+        """
         by_id = {}
         for ep in endpoints:
             old = self._by_id.get(ep.id)
@@ -60,6 +65,10 @@ class RoutingTable:
             for model in ep.models:
                 by_model.setdefault(model, []).append(ep)
         self._by_id, self._by_model = by_id, by_model
+        self._known = frozenset(known) | frozenset(by_model)
+
+    def knows(self, model: str) -> bool:
+        return model in self._known
 
     def models(self) -> list[str]:
         return sorted(self._by_model)

@@ -10,7 +10,15 @@ import peewee
 
 from llmgw.errors import StoreError
 from llmgw.store.migrations import migrate, pending  # noqa: F401  (re-exported)
-from llmgw.store.models import ALL_MODELS, ApiKey, Usage, db_proxy  # noqa: F401
+from llmgw.store.models import (  # noqa: F401  (re-exported)
+    ALL_MODELS,
+    ApiKey,
+    BusPeer,
+    ClusterSecret,
+    MeasuredCapacity,
+    Usage,
+    db_proxy,
+)
 
 
 def database_for(url: str) -> peewee.Database:

@@ -17,7 +17,11 @@ def m001_initial(db: peewee.Database) -> None:
     db.create_tables([m.ApiKey, m.Usage])
 
 
-MIGRATIONS = [m001_initial]
+def m002_scheduler(db: peewee.Database) -> None:
+    db.create_tables([m.BusPeer, m.ClusterSecret, m.MeasuredCapacity])
+
+
+MIGRATIONS = [m001_initial, m002_scheduler]
 
 
 def _applied(db: peewee.Database) -> set[str]:

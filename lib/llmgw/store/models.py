@@ -62,4 +62,41 @@ class Usage(BaseModel):
         table_name = "usage"
 
 
-ALL_MODELS = [Migration, ApiKey, Usage]
+class BusPeer(BaseModel):
+    """An agent or router allowed on the bus, by the public half of its CURVE keypair."""
+
+    name = peewee.CharField(primary_key=True, max_length=200)
+    kind = peewee.CharField(max_length=16)  # agent | router
+    public_key = peewee.CharField(max_length=40, unique=True)
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "bus_peers"
+
+
+class ClusterSecret(BaseModel):
+    """Secrets the whole cluster shares, e.g. the one engine keys are derived from."""
+
+    name = peewee.CharField(primary_key=True, max_length=100)
+    value = peewee.CharField(max_length=200)
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "cluster_secrets"
+
+
+class MeasuredCapacity(BaseModel):
+    """What replicas of a model and profile really used, to correct the GGUF estimate."""
+
+    model = peewee.CharField(max_length=200)
+    profile = peewee.CharField(max_length=64)  # a hash of what changes memory use
+    memory_bytes = peewee.BigIntegerField()
+    samples = peewee.IntegerField(default=1)
+    updated_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "measured_capacity"
+        primary_key = peewee.CompositeKey("model", "profile")
+
+
+ALL_MODELS = [Migration, ApiKey, Usage, BusPeer, ClusterSecret, MeasuredCapacity]

@@ -1,0 +1,176 @@
+"""Benchmark the scheduler's pure parts and the router's routing-table update, by size.
+
+    .venv/bin/python bench/scheduler.py            # ~30-60 s; writes bench/SCHEDULER.md
+
+For N = 100, 1,000 and 10,000 (models = nodes = N): one `place_many` of N needs over N
+nodes, and one full `reconcile` pass with some replicas running. For 500, 5,000 and
+50,000 replicas: what a router does with one `routes` message, from the bytes
+(`bus.decode`, `endpoints_from`, `RoutingTable.replace` into a table that holds the
+previous snapshot, as every 3 s in steady state). Each figure is the median of a few
+runs; the growth column is the ratio to the size before, so 10 means linear and 100
+quadratic. Nodes vary in free memory and engine state so that placement has to look.
+"""
+
+import os
+import platform
+import random
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from llmgw import bus
+from llmgw.placement import GiB, Need, NodeView, place_many
+from llmgw.reconciler import Backoff, Desired, ReplicaView, reconcile
+from llmgw_router.feed import endpoints_from
+from llmgw_router.routing import RoutingTable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ENGINES = ["llama.cpp-0.3.36", "llama.cpp-0.3.35", "vllm-0.6.3", "llama.cpp-0.4.0"]
+TARGETS = {("place_many", 1000): 100.0, ("routes", 5000): 50.0}
+
+
+def fleet(n: int, rng: random.Random) -> list[NodeView]:
+    nodes = []
+    for i in range(n):
+        engines = {}
+        for e in ENGINES:
+            x = rng.random()
+            if x < 0.55:
+                engines[e] = "installed"
+            elif x < 0.65:
+                engines[e] = "installing"
+            elif x < 0.70:
+                engines[e] = "failed: exit status 1"
+        gpu = i % 10 == 0
+        nodes.append(NodeView(
+            id=f"node-{i:05}", lost=rng.random() < 0.02, draining=rng.random() < 0.03,
+            memory_free=rng.randrange(0, 96) * GiB // 2,
+            gpus_free=tuple(rng.choice([24, 40, 80]) * GiB for _ in range(8)) if gpu else (),
+            engines=engines,
+        ))  # fmt: skip
+    return nodes
+
+
+def needs(n: int, rng: random.Random) -> list[Need]:
+    out = []
+    for i in range(n):
+        engine = rng.choice(ENGINES)
+        gpus = rng.choice([1, 2, 4]) if engine.startswith("vllm") else 0
+        memory = rng.choice([20, 30, 60]) * GiB if gpus else rng.randrange(1, 33) * GiB // 2
+        # Half the models appear twice, so spread has nodes to skip.
+        out.append(Need(f"model-{i // 2 if i % 4 == 0 else i:05}", memory, gpus, engine))
+    return out
+
+
+def world(n: int, rng: random.Random):
+    nodes = fleet(n, rng)
+    desired, replicas, backoff = [], [], {}
+    for i, need in enumerate(needs(n, rng)):
+        model = f"model-{i:05}"
+        need = Need(model, need.memory, need.gpus, need.engine)
+        lo = rng.choice([0, 1, 1, 2, 3])
+        desired.append(Desired(model, lo, lo + rng.choice([0, 1, 2]), need))
+        for j in range(rng.choice([0, 0, 1, 2, 3, 4])):
+            node = nodes[rng.randrange(n)].id
+            state = rng.choice(["ready", "ready", "ready", "starting", "pending", "failed"])
+            replicas.append(ReplicaView(f"r-{i}-{j}", model, node, state, rng.uniform(0, 1e4)))
+        if rng.random() < 0.1:
+            backoff[model] = Backoff(2, 2e4 if rng.random() < 0.5 else 0.0)
+    replicas += [ReplicaView(f"old-{i}", "retired", nodes[i].id, "ready", 0.0)
+                 for i in range(0, n, 50)]  # fmt: skip
+    return nodes, desired, replicas, backoff
+
+
+def routes_message(n: int) -> bytes:
+    replicas = [
+        {"id": f"r-{i:06x}", "model": f"model-{i % max(1, n // 4)}", "aliases": [],
+         "endpoint": f"http://10.0.{i // 250 % 256}.{i % 250 + 1}:8100", "key": "k" * 64,
+         "state": "ready" if i % 20 else "starting"}
+        for i in range(n)
+    ]  # fmt: skip
+    return bus.encode("routes", "scheduler", {"seq": 1, "replicas": replicas})
+
+
+def median_ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def bench_place(n: int) -> float:
+    rng = random.Random(n)
+    nodes, todo = fleet(n, rng), needs(n, rng)
+    return median_ms(lambda: place_many(todo, nodes), 5 if n < 10_000 else 3)
+
+
+def bench_reconcile(n: int) -> float:
+    nodes, desired, replicas, backoff = world(n, random.Random(n))
+    reps = 5 if n < 10_000 else 3
+    return median_ms(lambda: reconcile(desired, replicas, nodes, backoff, 1e4), reps)
+
+
+def bench_routes(n: int) -> float:
+    data = routes_message(n)
+    table = RoutingTable()
+
+    def apply():
+        msg = bus.decode(data)
+        table.replace(endpoints_from(msg["body"]))
+
+    apply()  # the table holds the previous snapshot, as in steady state
+    return median_ms(apply, 7 if n < 50_000 else 3)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs, {cpu}, Python {platform.python_version()}"
+
+
+def main() -> None:
+    rows = []
+    for label, sizes, fn in [
+        ("place_many", [100, 1_000, 10_000], bench_place),
+        ("reconcile", [100, 1_000, 10_000], bench_reconcile),
+        ("routes", [500, 5_000, 50_000], bench_routes),
+    ]:
+        prev = None
+        for n in sizes:
+            ms = fn(n)
+            growth = f"{ms / prev:.1f}×" if prev else ""
+            target = TARGETS.get((label, n))
+            verdict = ""
+            if target is not None:
+                verdict = f"≤ {target:g} ms: " + ("met" if ms <= target else "MISSED")
+            rows.append((label, f"{n:,}", f"{ms:.2f}", growth, verdict))
+            print(f"{label:<11} {n:>7,} {ms:9.2f} ms {growth:>7} {verdict}", flush=True)
+            prev = ms
+    head = ["what", "N", "median ms", "growth", "target"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    text = (
+        "# Scheduler and routing-table benchmark\n\n"
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine()}. "
+        "Made by `.venv/bin/python bench/scheduler.py`.\n\n"
+        "place_many: N needs over N nodes. reconcile: one pass, N models over N nodes, "
+        "some replicas running. routes: one `routes` message of N replicas applied by a "
+        "router (JSON decode, endpoints, table replace). Growth: ratio to the size before "
+        "(the sizes grow 10×, so 10× is linear).\n\n" + "\n".join(lines) + "\n"
+    )
+    (ROOT / "bench" / "SCHEDULER.md").write_text(text)
+    print("\n" + "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

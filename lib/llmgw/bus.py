@@ -1,0 +1,164 @@
+"""The ZeroMQ bus between scheduler, agents and routers: sockets, CURVE, message framing.
+
+Every socket is CURVE-encrypted. The scheduler is the CURVE server on both of its
+sockets (a ROUTER that agents connect DEALERs to, a PUB that routers subscribe to) and
+lets in only public keys registered in the store; the registered name becomes the
+message's authenticated sender (ZAP User-Id), so a peer cannot speak for another.
+
+Keys live in <config_dir>/pki/curve/: NAME.key holds the public key, NAME.key_secret
+both (pyzmq's certificate format). `llmgw nodes add NAME` makes and registers them.
+
+A message is one JSON frame: {"v": 1, "type": ..., "from": ..., "epoch": ..., "body": {...}}.
+"""
+
+import json
+import threading
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from llmgw.errors import Error
+
+VERSION = 1
+SCHEDULER = "scheduler"  # the scheduler's keypair name
+
+
+class BusError(Error):
+    """A bus message or key is malformed, missing or refused."""
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+def create_keypair(directory: Path, name: str) -> str:
+    """Create NAME.key / NAME.key_secret in `directory` unless present; return the public key."""
+    directory.mkdir(parents=True, exist_ok=True)
+    secret_file = directory / f"{name}.key_secret"
+    if not secret_file.exists():
+        zmq.auth.create_certificates(str(directory), name)
+        secret_file.chmod(0o600)
+    return load_public(directory, name)
+
+
+def load_keypair(directory: Path, name: str) -> tuple[bytes, bytes]:
+    file = directory / f"{name}.key_secret"
+    try:
+        public, secret = zmq.auth.load_certificate(str(file))
+    except (OSError, ValueError) as e:
+        raise BusError(f"cannot load CURVE keypair {file}: {e} (run `llmgw nodes add {name}`)"
+                       ) from None
+    if not secret:
+        raise BusError(f"{file} holds no secret key")
+    return public, secret
+
+
+def load_public(directory: Path, name: str) -> str:
+    file = directory / f"{name}.key"
+    try:
+        public, _ = zmq.auth.load_certificate(str(file))
+    except (OSError, ValueError) as e:
+        raise BusError(f"cannot load CURVE public key {file}: {e}") from None
+    return public.decode()
+
+
+# -- messages -----------------------------------------------------------------------------
+
+
+def encode(type_: str, sender: str, body: dict, epoch: int = 0) -> bytes:
+    return json.dumps(
+        {"v": VERSION, "type": type_, "from": sender, "epoch": epoch, "body": body},
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode(data: bytes) -> dict:
+    try:
+        msg = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise BusError("message is not JSON") from None
+    if not isinstance(msg, dict):
+        raise BusError("message is not a JSON object")
+    if msg.get("v") != VERSION:
+        raise BusError(f"unsupported message version {msg.get('v')!r}")
+    if not isinstance(msg.get("type"), str) or not isinstance(msg.get("body"), dict):
+        raise BusError("message lacks a type or a body")
+    return msg
+
+
+# -- authentication -----------------------------------------------------------------------
+
+
+class PeerAuthenticator(ThreadAuthenticator):
+    """ZAP handler: lets in registered public keys and names the peer after its key."""
+
+    def __init__(self, context: zmq.Context):
+        super().__init__(context)
+        self._peers: dict[bytes, str] = {}
+        self._lock = threading.Lock()
+
+    def set_peers(self, peers: dict[str, str]) -> None:
+        """Replace the allowed peers: {z85 public key: name}."""
+        with self._lock:
+            self._peers = {k.encode(): v for k, v in peers.items()}
+
+    def callback(self, domain, key: bytes) -> bool:
+        with self._lock:
+            return key in self._peers
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        from zmq.utils import z85
+
+        with self._lock:
+            return self._peers.get(z85.encode(client_public_key), "unknown")
+
+    def start_for(self) -> "PeerAuthenticator":
+        self.start()
+        self.configure_curve_callback(domain="*", credentials_provider=self)
+        return self
+
+
+def serve(ctx: zmq.Context, kind: int, bind: str, keys: tuple[bytes, bytes]) -> zmq.Socket:
+    """A CURVE server socket (the scheduler's ROUTER or PUB)."""
+    sock = ctx.socket(kind)
+    sock.curve_publickey, sock.curve_secretkey = keys
+    sock.curve_server = True
+    sock.linger = 0
+    if kind == zmq.ROUTER:
+        sock.router_mandatory = False
+    try:
+        sock.bind(bind)
+    except zmq.ZMQError as e:
+        sock.close()
+        raise BusError(f"cannot bind {bind}: {e}") from None
+    return sock
+
+
+def connect(ctx: zmq.Context, kind: int, endpoints: list[str], keys: tuple[bytes, bytes],
+            server_public: str, identity: str = "") -> zmq.Socket:
+    """A CURVE client socket connected to every endpoint (an agent's DEALER, a router's SUB)."""
+    sock = ctx.socket(kind)
+    sock.curve_publickey, sock.curve_secretkey = keys
+    sock.curve_serverkey = server_public.encode()
+    sock.linger = 0
+    if identity:
+        sock.routing_id = identity.encode()
+    # A DEALER must not pile up messages for a scheduler that is away: they would all
+    # arrive stale when it comes back. Heartbeats carry the full state anyway.
+    if kind == zmq.DEALER:
+        sock.sndhwm = 1000
+        sock.immediate = True
+    if kind == zmq.SUB:
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+    for ep in endpoints:
+        sock.connect(ep)
+    return sock
+
+
+def sender_of(frame: zmq.Frame) -> str:
+    """The authenticated name of the peer that sent `frame` (from the ZAP User-Id)."""
+    try:
+        return frame.get("User-Id")
+    except zmq.ZMQError:
+        return "unknown"

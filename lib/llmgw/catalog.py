@@ -1,0 +1,131 @@
+"""The model catalog: `[[models]]` from the config, checked and turned into plain data.
+
+A definition that cannot work is refused when the tool starts, naming the model and the
+field, rather than failing later on some node at three in the morning.
+"""
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+from llmgw.config import ModelConfig
+from llmgw.errors import ConfigError
+
+# Engines llmgw knows how to install; agents may add their own commands ([[agent.engines]]).
+BUILTIN_ENGINES = {"llama.cpp", "vllm"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    aliases: tuple[str, ...]
+    source: str
+    sha256: str
+    engine: str
+    engine_version: str
+    context: int
+    parallel: int
+    gpus: int
+    args: tuple[str, ...]
+    memory_bytes: int
+    min: int
+    max: int
+    fallbacks: tuple[str, ...]
+
+    @property
+    def engine_id(self) -> str:
+        """`llama.cpp-0.3.36`: an engine and version as agents install and report them."""
+        return f"{self.engine}-{self.engine_version}"
+
+    def profile_hash(self) -> str:
+        """What changes a replica's memory use or command: a changed profile is a new one."""
+        key = [self.source, self.sha256, self.engine_id, self.context, self.parallel,
+               self.gpus, list(self.args)]
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "aliases": list(self.aliases), "source": self.source,
+            "sha256": self.sha256, "engine": self.engine, "engine_version": self.engine_version,
+            "context": self.context, "parallel": self.parallel, "gpus": self.gpus,
+            "args": list(self.args), "memory_bytes": self.memory_bytes,
+            "min": self.min, "max": self.max,
+            "fallbacks": list(self.fallbacks),
+        }  # fmt: skip
+
+
+def source_kind(source: str) -> str:
+    """path, file, https or pypi."""
+    if source.startswith("pypi:"):
+        return "pypi"
+    if source.startswith("file://"):
+        return "file"
+    if source.startswith("https://") or source.startswith("http://"):
+        return "https"
+    return "path"
+
+
+def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> list[Model]:
+    """Check every definition; the first problem is a ConfigError naming model and field."""
+    out: list[Model] = []
+    names: dict[str, str] = {}
+    for i, m in enumerate(models):
+        label = f"model '{m.name}'" if m.name else f"models[{i}]"
+
+        def bad(field: str, why: str, label=label):
+            return ConfigError(f"{label}: {field} {why}")
+
+        if not m.name or not _NAME.match(m.name):
+            raise bad("name", "must be 1-200 letters, digits or ._:/- and start alphanumeric")
+        for alias in (m.name, *m.aliases):
+            if not _NAME.match(alias):
+                raise bad("aliases", f"has an invalid name {alias!r}")
+            if alias in names:
+                raise bad("name" if alias == m.name else "aliases",
+                          f"{alias!r} is already used by model '{names[alias]}'")
+            names[alias] = m.name
+        if not m.source:
+            raise bad("source", "is missing: a GGUF path, file:// or https:// URL, or pypi:PACKAGE")
+        kind = source_kind(m.source)
+        if m.sha256 and not _SHA256.match(m.sha256):
+            raise bad("sha256", "must be 64 lower-case hex digits")
+        if kind in ("https", "file") and not m.sha256:
+            raise bad("sha256", f"is required for a {kind} source, so a wrong file is never used")
+        if kind == "https" and m.source.startswith("http://"):
+            raise bad("source", "must be https://, not http://")
+        if m.engine not in BUILTIN_ENGINES | set(extra_engines):
+            known = ", ".join(sorted(BUILTIN_ENGINES | set(extra_engines)))
+            raise bad("engine", f"{m.engine!r} is not known (known: {known})")
+        if not m.engine_version:
+            raise bad("engine_version", "is missing")
+        p = m.profile
+        if p.context < 256:
+            raise bad("profile.context", "must be at least 256")
+        if not 1 <= p.parallel <= 256:
+            raise bad("profile.parallel", "must be 1-256")
+        if p.memory_bytes < 0:
+            raise bad("profile.memory_bytes", "must not be negative")
+        if p.gpus < 0:
+            raise bad("profile.gpus", "must not be negative")
+        if m.engine == "vllm" and p.gpus == 0:
+            raise bad("profile.gpus", "must be at least 1 for the vllm engine")
+        s = m.scaling
+        if s.min < 0 or s.max < 1 or s.min > s.max:
+            raise bad("scaling", f"min {s.min} / max {s.max}: want 0 <= min <= max, max >= 1")
+        out.append(Model(
+            name=m.name, aliases=tuple(m.aliases), source=m.source, sha256=m.sha256,
+            engine=m.engine, engine_version=m.engine_version, context=p.context,
+            parallel=p.parallel, gpus=p.gpus, args=tuple(p.args), memory_bytes=p.memory_bytes,
+            min=s.min, max=s.max,
+            fallbacks=tuple(m.fallbacks),
+        ))  # fmt: skip
+    for model in out:
+        for fb in model.fallbacks:
+            if fb not in names:
+                raise ConfigError(f"model '{model.name}': fallbacks names unknown model {fb!r}")
+            if names[fb] == model.name:
+                raise ConfigError(f"model '{model.name}': fallbacks must not name itself")
+    return out

@@ -1,0 +1,299 @@
+"""Where a replica of a model goes: which node has the memory, the GPUs and the engine.
+
+Pure: node views in, a choice out. Among the nodes that fit, the choice prefers the
+engine already installed, then installing, then not there yet (the last two need an
+install first); then the node with the fewest replicas of the same model, so a node's
+loss takes few of a model's replicas with it; then the most free memory; ties go to
+the node id, so the same views always give the same answer.
+
+For a GPU model, `Need.memory` is what each of its GPUs must have free, and "free
+memory" in that ranking means the free memory of the GPUs it would get.
+
+A pass over a thousand nodes must not compare every need with every node: nodes are
+kept in lists per engine state, sorted by free memory, so finding the best fit is a walk
+past the few nodes that already hold the model. Reason strings are built only when
+nothing fits or when asked.
+"""
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+
+GiB = 1 << 30
+MiB = 1 << 20
+INSTALLED, INSTALLING = "installed", "installing"
+_TIERS = 3  # installed, installing, absent
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one replica of a model needs."""
+
+    model: str
+    memory: int  # bytes of host memory; for gpus > 0, bytes free on each of its GPUs
+    gpus: int  # 0: runs on CPU
+    engine: str  # engine id, e.g. "llama.cpp-0.3.36"
+
+
+@dataclass
+class NodeView:
+    id: str
+    lost: bool = False
+    draining: bool = False
+    memory_free: int = 0  # bytes available for new replicas
+    gpus_free: tuple[int, ...] = ()  # free memory (bytes) of each GPU not in use
+    # engine id -> "installed" | "installing" | "failed: <reason>"; absent: installable
+    engines: dict[str, str] = field(default_factory=dict)
+    replicas: dict[str, int] = field(default_factory=dict)  # model -> replicas on this node
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: str | None
+    install: bool = False  # the engine must be installed there first
+    reasons: dict[str, str] = field(default_factory=dict)  # node id -> why not
+
+
+def gpus_needed(need: Need) -> int:
+    """GPUs a replica takes: an engine that only runs on GPUs (vLLM) takes at least one."""
+    if need.engine.startswith("vllm"):
+        return max(need.gpus, 1)
+    return need.gpus
+
+
+def size(n: int) -> str:
+    """Bytes as an operator reads them: 2.1 GiB, 40 GiB, 512 MiB."""
+    if n >= GiB:
+        return f"{n / GiB:.1f}".removesuffix(".0") + " GiB"
+    return f"{n // MiB} MiB"
+
+
+def _engine_words(engine: str) -> str:
+    name, _, version = engine.rpartition("-")
+    return f"{name} {version}" if name else engine
+
+
+def why_not(need: Need, node: NodeView) -> str | None:
+    """Why a replica of `need` cannot go on `node`, in a few words; None if it can."""
+    if node.lost:
+        return "lost"
+    if node.draining:
+        return "draining"
+    state = node.engines.get(need.engine)
+    if state is not None and state not in (INSTALLED, INSTALLING):
+        words = _engine_words(need.engine)
+        if state.startswith("failed"):
+            reason = state.partition(":")[2].strip() or "no reason given"
+            return f"{words} failed to install: {reason}"
+        return f"{words} is {state}"
+    k = gpus_needed(need)
+    if k:
+        have = len(node.gpus_free)
+        if have < k:
+            return f"needs {k} GPU{'s' * (k != 1)}, has {have}"
+        fit = sum(1 for g in node.gpus_free if g >= need.memory)
+        if fit < k:
+            return f"needs {k} GPU{'s' * (k != 1)} with {size(need.memory)} free, has {fit}"
+        return None
+    if node.memory_free < need.memory:
+        want, free = size(need.memory), size(node.memory_free)
+        if want == free:
+            want, free = f"{need.memory / GiB:.2f} GiB", f"{node.memory_free / GiB:.2f} GiB"
+        return f"needs {want}, {free} free"
+    return None
+
+
+def _tier(state: str | None) -> int | None:
+    if state is None:
+        return 2
+    if state == INSTALLED:
+        return 0
+    if state == INSTALLING:
+        return 1
+    return None
+
+
+def _kth_largest(gpus: list[int], k: int) -> int:
+    return sorted(gpus, reverse=True)[k - 1] if len(gpus) >= k else -1
+
+
+class _Index:
+    """The usable nodes for one engine and GPU count, per engine state, best fit first."""
+
+    def __init__(self, fleet: "Fleet", engine: str, k: int):
+        self.k = k
+        self.rows: list[list[tuple[int, str]]] = [[] for _ in range(_TIERS)]  # (-key, id)
+        self.where: dict[str, tuple[int, int]] = {}  # node id -> (tier, key)
+        tiers = {None: 2, INSTALLED: 0, INSTALLING: 1}
+        memory, rows, where = fleet.memory, self.rows, self.where
+        for node in fleet.usable:
+            tier = tiers.get(node.engines.get(engine))
+            if tier is None:
+                continue
+            key = memory[node.id] if k == 0 else fleet.key(node.id, k)
+            if key < 0:
+                continue
+            where[node.id] = (tier, key)
+            rows[tier].append((-key, node.id))
+        for row in self.rows:
+            row.sort()
+
+    def update(self, node: str, key: int) -> None:
+        tier, old = self.where[node]
+        row = self.rows[tier]
+        del row[bisect_left(row, (-old, node))]
+        if key < 0:
+            del self.where[node]
+            return
+        insort(row, (-key, node))
+        self.where[node] = (tier, key)
+
+    def best(self, memory: int, counts: dict[str, int]) -> tuple[str, int] | None:
+        """(node, tier) of the best fit for `memory`, given replicas of the model per node."""
+        for tier, row in enumerate(self.rows):
+            # Most free memory first: the first node without the model wins outright.
+            for negkey, node in row:
+                if -negkey < memory:
+                    break
+                if not counts.get(node):
+                    return node, tier
+            # Every fitting node already has some: fewest, then most free memory, then id.
+            best = None
+            for node, c in counts.items():
+                w = self.where.get(node)
+                if w is None or w[0] != tier or w[1] < memory or not c:
+                    continue
+                rank = (c, -w[1], node)
+                if best is None or rank < best:
+                    best = rank
+            if best is not None:
+                return best[2], tier
+        return None
+
+
+class Fleet:
+    """Nodes as a placement pass sees them: `place` chooses, `take` books the resources.
+
+    The views passed in are not changed. `replicas`, if given (model -> node -> count),
+    replaces the nodes' own replica counts.
+    """
+
+    def __init__(self, nodes: list[NodeView], replicas: dict[str, dict[str, int]] | None = None):
+        self.nodes = {n.id: n for n in nodes}
+        self.usable = [n for n in nodes if not n.lost and not n.draining]
+        self.memory = {n.id: n.memory_free for n in self.usable}
+        self.gpus = {n.id: list(n.gpus_free) for n in self.usable if n.gpus_free}
+        if replicas is None:
+            replicas = {}
+            for n in nodes:
+                for model, c in n.replicas.items():
+                    if c:
+                        replicas.setdefault(model, {})[n.id] = c
+        self.replicas = replicas
+        self._indexes: dict[tuple[str, int], _Index] = {}
+        self._reasons: dict[tuple[str, int, int], dict[str, str]] = {}
+        self._fixed: dict[str, dict[str, str]] = {}  # engine -> reasons no booking changes
+
+    def key(self, node: str, k: int) -> int:
+        """Free memory a need of k GPUs would see on `node` (-1: not enough GPUs)."""
+        if k == 0:
+            return self.memory[node]
+        return _kth_largest(self.gpus.get(node, []), k)
+
+    def place(self, need: Need, explain: bool = False) -> Placement:
+        k = gpus_needed(need)
+        ix = self._indexes.get((need.engine, k))
+        if ix is None:
+            ix = self._indexes[(need.engine, k)] = _Index(self, need.engine, k)
+        found = ix.best(need.memory, self.replicas.get(need.model, {}))
+        if found is None:
+            return Placement(None, reasons=self.reasons(need))
+        node, tier = found
+        return Placement(node, install=tier > 0, reasons=self.reasons(need) if explain else {})
+
+    def reasons(self, need: Need) -> dict[str, str]:
+        """Why not, for every node that cannot take `need` now."""
+        key = (need.engine, need.memory, need.gpus)
+        if key not in self._reasons:
+            self._reasons[key] = self._explain(need)
+        return dict(self._reasons[key])
+
+    def _explain(self, need: Need) -> dict[str, str]:
+        # Called for every need that fits nowhere, so it avoids a full why_not per node:
+        # the reasons that no booking can change are kept per engine, the others are
+        # formatted straight from the booked figures.
+        out = self._fixed.get(need.engine)
+        if out is None:
+            out = self._fixed[need.engine] = {}
+            for node in self.nodes.values():
+                if node.lost or node.draining or _tier(node.engines.get(need.engine)) is None:
+                    out[node.id] = why_not(need, node)
+        out = dict(out)
+        k = gpus_needed(need)
+        if k == 0:
+            want, sizes = size(need.memory), {}
+            for node, free in self.memory.items():
+                if free < need.memory and node not in out:
+                    text = sizes.get(free)
+                    if text is None:
+                        text = sizes[free] = size(free)
+                        if text == want:
+                            text = sizes[free] = None
+                    if text is None:
+                        out[node] = why_not(need, self._current(self.nodes[node]))
+                    else:
+                        out[node] = f"needs {want}, {text} free"
+            return out
+        no_gpus = f"needs {k} GPU{'s' * (k != 1)}, has 0"
+        for node in self.memory:
+            if node in out:
+                continue
+            if not self.gpus.get(node):
+                out[node] = no_gpus
+            else:
+                why = why_not(need, self._current(self.nodes[node]))
+                if why is not None:
+                    out[node] = why
+        return out
+
+    def _current(self, node: NodeView) -> NodeView:
+        if node.id not in self.memory:
+            return node
+        gpus = tuple(self.gpus.get(node.id, ()))
+        if self.memory[node.id] == node.memory_free and gpus == node.gpus_free:
+            return node
+        return NodeView(node.id, node.lost, node.draining, self.memory[node.id], gpus,
+                        node.engines, node.replicas)  # fmt: skip
+
+    def take(self, need: Need, node: str) -> None:
+        """Book one replica of `need` on `node`: its memory or GPUs, and one for spread."""
+        k = gpus_needed(need)
+        if k == 0:
+            self.memory[node] -= need.memory
+        else:
+            gpus = sorted(self.gpus.get(node, []))
+            # The smallest GPUs that fit, keeping the big ones for bigger models.
+            fit = [i for i, g in enumerate(gpus) if g >= need.memory][:k]
+            self.gpus[node] = [g for i, g in enumerate(gpus) if i not in fit]
+        counts = self.replicas.setdefault(need.model, {})
+        counts[node] = counts.get(node, 0) + 1
+        for (_, ik), ix in self._indexes.items():
+            if node in ix.where and (ik == 0) == (k == 0):
+                ix.update(node, self.key(node, ik))
+        self._reasons.clear()
+
+
+def place(need: Need, nodes: list[NodeView], explain: bool = False) -> Placement:
+    """The best node for one replica of `need`; reasons for the others if none or `explain`."""
+    return Fleet(nodes).place(need, explain)
+
+
+def place_many(needs: list[Need], nodes: list[NodeView]) -> list[Placement]:
+    """Place each need in turn, booking each choice before the next is made."""
+    fleet = Fleet(nodes)
+    out = []
+    for need in needs:
+        p = fleet.place(need)
+        if p.node is not None:
+            fleet.take(need, p.node)
+        out.append(p)
+    return out

@@ -1,0 +1,60 @@
+import pytest
+
+from llmgw import catalog
+from llmgw.config import ModelConfig, ProfileConfig, ScalingConfig
+from llmgw.errors import ConfigError
+
+
+def model(**kw):
+    base = {"name": "m", "source": "/models/m.gguf"}
+    return ModelConfig(**{**base, **kw})
+
+
+def test_a_valid_model_becomes_plain_data_with_its_engine_id():
+    (m,) = catalog.load([model(profile=ProfileConfig(context=2048, parallel=2))])
+    assert (m.engine_id, m.context, m.parallel, m.min, m.max) == ("llama.cpp-0.3.36", 2048,
+                                                                 2, 1, 1)
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"name": ""}, "name"),
+    ({"source": ""}, "source"),
+    ({"source": "https://example.org/m.gguf"}, "sha256"),
+    ({"source": "file:///m.gguf"}, "sha256"),
+    ({"sha256": "ABC"}, "sha256"),
+    ({"source": "http://example.org/m.gguf", "sha256": "a" * 64}, "source"),
+    ({"engine": "tgi"}, "engine"),
+    ({"profile": ProfileConfig(context=16)}, "profile.context"),
+    ({"profile": ProfileConfig(parallel=0)}, "profile.parallel"),
+    ({"engine": "vllm"}, "profile.gpus"),
+    ({"scaling": ScalingConfig(min=2, max=1)}, "scaling"),
+])
+def test_an_invalid_model_is_refused_naming_the_model_and_the_field(kw, field):
+    with pytest.raises(ConfigError) as err:
+        catalog.load([model(**kw)])
+    assert f" {field} " in str(err.value)
+    if kw.get("name", "m"):
+        assert "model 'm'" in str(err.value)
+
+
+def test_a_name_or_alias_used_twice_is_refused():
+    with pytest.raises(ConfigError, match="'a' is already used by model 'm'"):
+        catalog.load([model(aliases=["a"]), model(name="n", aliases=["a"])])
+
+
+def test_a_fallback_must_name_a_model_in_the_catalog():
+    with pytest.raises(ConfigError, match="fallbacks names unknown model 'x'"):
+        catalog.load([model(fallbacks=["x"])])
+
+
+def test_an_engine_an_agent_defines_is_accepted():
+    (m,) = catalog.load([model(engine="fake", engine_version="1")], extra_engines={"fake"})
+    assert m.engine_id == "fake-1"
+
+
+def test_the_profile_hash_changes_with_what_changes_a_replica():
+    (a,) = catalog.load([model()])
+    (b,) = catalog.load([model(profile=ProfileConfig(context=8192))])
+    (c,) = catalog.load([model(scaling=ScalingConfig(min=0, max=3))])
+    assert a.profile_hash() != b.profile_hash()
+    assert a.profile_hash() == c.profile_hash()

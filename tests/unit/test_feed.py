@@ -1,0 +1,59 @@
+from llmgw import bus
+from llmgw_router.feed import Feed
+from llmgw_router.routing import Endpoint, RoutingTable
+
+
+def routes(seq, replicas, models=()):
+    return bus.encode("routes", "scheduler", {"seq": seq, "replicas": replicas,
+                                              "models": list(models)})
+
+
+def replica(rid, model, state="ready", aliases=()):
+    return {"id": rid, "model": model, "aliases": list(aliases),
+            "endpoint": f"http://10.0.0.1:{8100 + len(rid)}", "key": "k" * 64, "state": state}
+
+
+def feed_for(table, static=()):
+    return Feed(table, [], keys=None, server_public="", static=list(static))
+
+
+def test_a_routes_table_installs_ready_replicas_with_their_aliases_and_keys():
+    table = RoutingTable()
+    assert feed_for(table).handle(routes(1, [replica("r-1", "m", aliases=["m-alias"]),
+                                             replica("r-2", "m", state="starting")]))
+    (ep,) = table.endpoints()
+    assert ep.id == "r-1" and ep.models == ("m", "m-alias")
+    assert b"Authorization: Bearer " + b"k" * 64 in ep.head
+    assert table.serves("m-alias")
+
+
+def test_a_model_in_the_catalog_without_a_ready_replica_is_known_but_not_served():
+    table = RoutingTable()
+    feed_for(table).handle(routes(1, [], models=[{"name": "m", "aliases": ["a"]}]))
+    assert table.knows("a") and not table.serves("m")
+    assert not table.knows("other")
+
+
+def test_static_endpoints_stay_beside_the_schedulers_table():
+    table = RoutingTable()
+    static = Endpoint("s", "http://127.0.0.1:1", ("static-model",))
+    feed_for(table, [static]).handle(routes(2, [replica("r-1", "m")]))
+    assert table.serves("static-model") and table.serves("m")
+
+
+def test_a_newer_table_replaces_the_older_one_whole():
+    table = RoutingTable()
+    feed = feed_for(table)
+    feed.handle(routes(1, [replica("r-1", "m")]))
+    feed.handle(routes(2, [replica("r-2", "n")]))
+    assert [e.id for e in table.endpoints()] == ["r-2"]
+    assert not table.serves("m")
+
+
+def test_garbage_and_other_messages_change_nothing():
+    table = RoutingTable()
+    feed = feed_for(table)
+    feed.handle(routes(1, [replica("r-1", "m")]))
+    assert not feed.handle(b"not json")
+    assert not feed.handle(bus.encode("heartbeat", "x", {}))
+    assert table.serves("m")

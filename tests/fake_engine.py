@@ -1,8 +1,9 @@
 """A fake engine that speaks enough of the OpenAI API to test the router against.
 
-Run it as `python tests/fake_engine.py --port N [--key K]`. It answers chat, completions
-and embeddings, streams SSE the way llama-server does, and can be told how to misbehave
-with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S, "first_delay_s": S}`:
+Run it as `python tests/fake_engine.py --port N [--key K | --key-file PATH]`. It answers
+chat, completions and embeddings, streams SSE the way llama-server does, and can be told
+how to misbehave with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S,
+"first_delay_s": S}`:
 
     ok      answer normally
     fail    answer 500 with an error body
@@ -201,9 +202,16 @@ def main():
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--key", default=None, help="the engine key it demands, if any")
+    parser.add_argument(
+        "--key-file", default=None, help="read the key from this file (as llmgw-agentd passes it)"
+    )
     parser.add_argument("--name", default="fake")
     args = parser.parse_args()
-    engine = Engine(args.key, args.name)
+    key = args.key
+    if args.key_file:
+        with open(args.key_file) as f:
+            key = f.read().strip()
+    engine = Engine(key, args.name)
     web.run_app(
         engine.app(),
         host=args.host,

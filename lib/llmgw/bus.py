@@ -47,8 +47,9 @@ def load_keypair(directory: Path, name: str) -> tuple[bytes, bytes]:
     try:
         public, secret = zmq.auth.load_certificate(str(file))
     except (OSError, ValueError) as e:
-        raise BusError(f"cannot load CURVE keypair {file}: {e} (run `llmgw nodes add {name}`)"
-                       ) from None
+        raise BusError(
+            f"cannot load CURVE keypair {file}: {e} (run `llmgw nodes add {name}`)"
+        ) from None
     if not secret:
         raise BusError(f"{file} holds no secret key")
     return public, secret
@@ -93,10 +94,14 @@ def decode(data: bytes) -> dict:
 class PeerAuthenticator(ThreadAuthenticator):
     """ZAP handler: lets in registered public keys and names the peer after its key."""
 
-    def __init__(self, context: zmq.Context):
+    def __init__(self, context: zmq.Context, lookup=None):
         super().__init__(context)
         self._peers: dict[bytes, str] = {}
         self._lock = threading.Lock()
+        # lookup(z85 key) -> name or None: asked for a key we do not know yet, so a peer
+        # registered a moment ago gets in at its first try. libzmq does not retry a
+        # connection the server refused, so being late here would shut it out for good.
+        self._lookup = lookup
 
     def set_peers(self, peers: dict[str, str]) -> None:
         """Replace the allowed peers: {z85 public key: name}."""
@@ -105,7 +110,13 @@ class PeerAuthenticator(ThreadAuthenticator):
 
     def callback(self, domain, key: bytes) -> bool:
         with self._lock:
-            return key in self._peers
+            if key in self._peers:
+                return True
+        name = self._lookup(key.decode()) if self._lookup else None
+        if name:
+            with self._lock:
+                self._peers[key] = name
+        return bool(name)
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         from zmq.utils import z85
@@ -135,8 +146,14 @@ def serve(ctx: zmq.Context, kind: int, bind: str, keys: tuple[bytes, bytes]) -> 
     return sock
 
 
-def connect(ctx: zmq.Context, kind: int, endpoints: list[str], keys: tuple[bytes, bytes],
-            server_public: str, identity: str = "") -> zmq.Socket:
+def connect(
+    ctx: zmq.Context,
+    kind: int,
+    endpoints: list[str],
+    keys: tuple[bytes, bytes],
+    server_public: str,
+    identity: str = "",
+) -> zmq.Socket:
     """A CURVE client socket connected to every endpoint (an agent's DEALER, a router's SUB)."""
     sock = ctx.socket(kind)
     sock.curve_publickey, sock.curve_secretkey = keys

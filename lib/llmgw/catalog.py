@@ -42,8 +42,15 @@ class Model:
 
     def profile_hash(self) -> str:
         """What changes a replica's memory use or command: a changed profile is a new one."""
-        key = [self.source, self.sha256, self.engine_id, self.context, self.parallel,
-               self.gpus, list(self.args)]
+        key = [
+            self.source,
+            self.sha256,
+            self.engine_id,
+            self.context,
+            self.parallel,
+            self.gpus,
+            list(self.args),
+        ]
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
@@ -84,8 +91,10 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             if not _NAME.match(alias):
                 raise bad("aliases", f"has an invalid name {alias!r}")
             if alias in names:
-                raise bad("name" if alias == m.name else "aliases",
-                          f"{alias!r} is already used by model '{names[alias]}'")
+                raise bad(
+                    "name" if alias == m.name else "aliases",
+                    f"{alias!r} is already used by model '{names[alias]}'",
+                )
             names[alias] = m.name
         if not m.source:
             raise bad("source", "is missing: a GGUF path, file:// or https:// URL, or pypi:PACKAGE")

@@ -176,7 +176,9 @@ def _build(cls, data: dict, where: str, path: Path):
     """Build dataclass `cls` from a TOML table, naming the first bad key."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: [{where}] must be a table")
-    hints = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    hints = {f.name: f for f in dataclasses.fields(cls)}
+    if cls is Config:
+        hints.pop("source")  # where the config came from: not a key of the file
     kwargs = {}
     for key, value in data.items():
         name = f"{where}.{key}" if where else key

@@ -12,23 +12,25 @@ def model(**kw):
 
 def test_a_valid_model_becomes_plain_data_with_its_engine_id():
     (m,) = catalog.load([model(profile=ProfileConfig(context=2048, parallel=2))])
-    assert (m.engine_id, m.context, m.parallel, m.min, m.max) == ("llama.cpp-0.3.36", 2048,
-                                                                 2, 1, 1)
+    assert (m.engine_id, m.context, m.parallel, m.min, m.max) == ("llama.cpp-0.3.36", 2048, 2, 1, 1)
 
 
-@pytest.mark.parametrize("kw,field", [
-    ({"name": ""}, "name"),
-    ({"source": ""}, "source"),
-    ({"source": "https://example.org/m.gguf"}, "sha256"),
-    ({"source": "file:///m.gguf"}, "sha256"),
-    ({"sha256": "ABC"}, "sha256"),
-    ({"source": "http://example.org/m.gguf", "sha256": "a" * 64}, "source"),
-    ({"engine": "tgi"}, "engine"),
-    ({"profile": ProfileConfig(context=16)}, "profile.context"),
-    ({"profile": ProfileConfig(parallel=0)}, "profile.parallel"),
-    ({"engine": "vllm"}, "profile.gpus"),
-    ({"scaling": ScalingConfig(min=2, max=1)}, "scaling"),
-])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"name": ""}, "name"),
+        ({"source": ""}, "source"),
+        ({"source": "https://example.org/m.gguf"}, "sha256"),
+        ({"source": "file:///m.gguf"}, "sha256"),
+        ({"sha256": "ABC"}, "sha256"),
+        ({"source": "http://example.org/m.gguf", "sha256": "a" * 64}, "source"),
+        ({"engine": "tgi"}, "engine"),
+        ({"profile": ProfileConfig(context=16)}, "profile.context"),
+        ({"profile": ProfileConfig(parallel=0)}, "profile.parallel"),
+        ({"engine": "vllm"}, "profile.gpus"),
+        ({"scaling": ScalingConfig(min=2, max=1)}, "scaling"),
+    ],
+)
 def test_an_invalid_model_is_refused_naming_the_model_and_the_field(kw, field):
     with pytest.raises(ConfigError) as err:
         catalog.load([model(**kw)])

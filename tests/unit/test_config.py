@@ -87,8 +87,32 @@ def test_the_example_config_loads_and_shows_every_key_with_its_default(tmp_path)
                 continue
             assert f"\n{f.name} = " in text, f"{section}.{f.name} is missing from the example"
             assert getattr(got, f.name) == getattr(want, f.name), f"{section}.{f.name}"
-    for cls in (config.EndpointConfig, config.EngineConfig, config.ModelConfig,
-                config.ProfileConfig, config.ScalingConfig):
+    for cls in (
+        config.EndpointConfig,
+        config.EngineConfig,
+        config.ModelConfig,
+        config.ProfileConfig,
+        config.ScalingConfig,
+    ):
         for f in dataclasses.fields(cls):
             if f.name not in ("profile", "scaling"):
                 assert f"# {f.name} = " in text, f"{cls.__name__}.{f.name} is not shown"
+
+
+def test_a_model_table_loads_with_its_profile_and_scaling(tmp_path):
+    cfg = config.load(
+        write(
+            tmp_path,
+            (
+                "[[models]]\nname = 'm'\nsource = '/m.gguf'\n[models.profile]\ncontext = 2048\n"
+                "[models.scaling]\nmin = 0\nmax = 3\n"
+            ),
+        )
+    )
+    (m,) = cfg.models
+    assert (m.source, m.profile.context, m.scaling.max) == ("/m.gguf", 2048, 3)
+
+
+def test_the_file_cannot_set_where_the_config_came_from(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'source'"):
+        config.load(write(tmp_path, "source = 'elsewhere'\n"))

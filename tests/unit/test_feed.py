@@ -4,13 +4,20 @@ from llmgw_router.routing import Endpoint, RoutingTable
 
 
 def routes(seq, replicas, models=()):
-    return bus.encode("routes", "scheduler", {"seq": seq, "replicas": replicas,
-                                              "models": list(models)})
+    return bus.encode(
+        "routes", "scheduler", {"seq": seq, "replicas": replicas, "models": list(models)}
+    )
 
 
 def replica(rid, model, state="ready", aliases=()):
-    return {"id": rid, "model": model, "aliases": list(aliases),
-            "endpoint": f"http://10.0.0.1:{8100 + len(rid)}", "key": "k" * 64, "state": state}
+    return {
+        "id": rid,
+        "model": model,
+        "aliases": list(aliases),
+        "endpoint": f"http://10.0.0.1:{8100 + len(rid)}",
+        "key": "k" * 64,
+        "state": state,
+    }
 
 
 def feed_for(table, static=()):
@@ -19,8 +26,9 @@ def feed_for(table, static=()):
 
 def test_a_routes_table_installs_ready_replicas_with_their_aliases_and_keys():
     table = RoutingTable()
-    assert feed_for(table).handle(routes(1, [replica("r-1", "m", aliases=["m-alias"]),
-                                             replica("r-2", "m", state="starting")]))
+    assert feed_for(table).handle(
+        routes(1, [replica("r-1", "m", aliases=["m-alias"]), replica("r-2", "m", state="starting")])
+    )
     (ep,) = table.endpoints()
     assert ep.id == "r-1" and ep.models == ("m", "m-alias")
     assert b"Authorization: Bearer " + b"k" * 64 in ep.head

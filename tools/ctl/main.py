@@ -6,6 +6,7 @@ from llmgw import __version__
 from llmgw_ctl.common import State
 from llmgw_ctl.config import config
 from llmgw_ctl.keys import keys
+from llmgw_ctl.nodes import nodes, routers
 from llmgw_ctl.store import store
 
 
@@ -20,7 +21,7 @@ from llmgw_ctl.store import store
 @click.version_option(__version__, "--version")
 @click.pass_context
 def cli(ctx, config_path):
-    """Operate llmgw: keys, the store and the configuration.
+    """Operate llmgw: keys, nodes, the store and the configuration.
 
     \b
     Examples:
@@ -34,3 +35,5 @@ def cli(ctx, config_path):
 cli.add_command(keys)
 cli.add_command(store)
 cli.add_command(config)
+cli.add_command(nodes)
+cli.add_command(routers)

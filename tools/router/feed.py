@@ -6,6 +6,7 @@ scheduler reachable, the last table keeps serving.
 """
 
 import threading
+import time
 
 import zmq
 
@@ -13,6 +14,9 @@ from llmgw import bus, log
 from llmgw_router.routing import Endpoint, RoutingTable
 
 _log = log.get("llmgw.router.feed")
+
+# Schedulers publish the whole table every few seconds (scheduler.snapshot_s, 3 s).
+SILENCE_S = 10.0
 
 
 def endpoints_from(body: dict, static: list[Endpoint] = ()) -> list[Endpoint]:
@@ -71,20 +75,32 @@ class Feed:
         return True
 
     def _run(self) -> None:
-        sock = bus.connect(self.ctx, zmq.SUB, self.schedulers, self.keys, self.server_public)
+        while not self._stop.is_set():
+            sock = bus.connect(self.ctx, zmq.SUB, self.schedulers, self.keys, self.server_public)
+            try:
+                self._listen(sock)
+            finally:
+                sock.close(0)
+
+    def _listen(self, sock) -> None:
+        """Apply tables until stopped, or until the schedulers have been silent so long
+        that the connection is likely dead: libzmq never retries a connection the server
+        refused (say, while this router's key was not yet registered), so start afresh."""
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        try:
-            while not self._stop.is_set():
-                if not poller.poll(200):
-                    continue
+        last = time.monotonic()
+        while not self._stop.is_set():
+            if not poller.poll(200):
+                if time.monotonic() - last > SILENCE_S:
+                    _log.warning("schedulers_silent", seconds=SILENCE_S, action="reconnecting")
+                    return
+                continue
+            data = sock.recv()
+            # Only the newest table matters: skip any that queued up behind it.
+            while poller.poll(0):
                 data = sock.recv()
-                # Only the newest table matters: skip any that queued up behind it.
-                while poller.poll(0):
-                    data = sock.recv()
-                self.handle(data)
-        finally:
-            sock.close(0)
+            last = time.monotonic()
+            self.handle(data)
 
     def start(self) -> None:
         self.ctx = zmq.Context()

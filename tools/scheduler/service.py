@@ -1,0 +1,362 @@
+"""The scheduler's loop: listen to agents, reconcile, command agents, publish routes.
+
+One thread, one zmq poller. Decisions are made by the pure reconciler; this module
+turns agent messages into its inputs and its decisions into messages. Nothing is
+started until `settle_s` after our own start, so agents can tell us what already
+runs: a restarted scheduler must not start a replica twice.
+"""
+
+import random
+import secrets
+import time
+
+import zmq
+
+from llmgw import apikeys, bus, log
+from llmgw.catalog import Model
+from llmgw.placement import NodeView
+from llmgw.reconciler import Backoff, Desired, ReplicaView, after_failure, after_success, reconcile
+from llmgw.store import BusPeer
+from llmgw_scheduler import metrics
+from llmgw_scheduler.inventory import LIVE, Inventory, Replica
+from llmgw_scheduler.needs import Needs
+
+_log = log.get("llmgw.scheduler")
+
+
+class Scheduler:
+    def __init__(
+        self, cfg, models: list[Model], cluster_secret: str, needs: Needs, clock=time.time, rng=None
+    ):
+        self.cfg = cfg.scheduler
+        self.models = {m.name: m for m in models}
+        self.cluster_secret = cluster_secret
+        self.needs = needs
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.inv = Inventory()
+        self.backoff: dict[str, Backoff] = {}
+        self.started_at = clock()
+        self.epoch = 0
+        self.seq = 0
+        self.routes_dirty = True
+        self.next_snapshot = 0.0
+        self.next_tick = 0.0
+        self.outbox: list[tuple[str, bytes]] = []  # (node, message) to send
+        self._installs_asked: dict[tuple[str, str], float] = {}
+        self._unplaceable: dict[str, str] = {}  # model -> last reason logged
+
+    # -- messages from agents ----------------------------------------------------------
+
+    def handle(self, sender: str, msg: dict) -> None:
+        now = self.clock()
+        body = msg["body"]
+        kind = msg["type"]
+        if kind in ("hello", "heartbeat"):
+            node = self.inv.nodes.get(sender)
+            if node is None or node.lost:
+                _log.info(
+                    "node_up",
+                    node=sender,
+                    memory_gib=_gib((body.get("resources") or {}).get("memory_available", 0)),
+                )
+            self.inv.node_report(sender, body, now)
+            changed, vanished = self.inv.shards_report(
+                sender, body.get("shards") or [], now, grace_s=self.cfg.start_timeout_s
+            )
+            for r in vanished:
+                _log.warning("replica_vanished", replica=r.id, model=r.model, node=sender)
+                if r.state != "stopping":
+                    self._failed(r.model, now)
+            self.routes_dirty |= changed
+        elif kind == "shard_status":
+            shard = body.get("shard") or {}
+            before = self.inv.replicas.get(shard.get("id"))
+            before_state = before.state if before else None
+            if self.inv.shard_update(sender, shard, now):
+                self.routes_dirty = True
+                self._shard_changed(sender, shard, before_state, now)
+        elif kind == "install_status":
+            node = self.inv.nodes.get(sender)
+            if node is not None:
+                node.engines[body.get("engine", "")] = {
+                    "state": body.get("state", ""),
+                    "reason": body.get("reason", ""),
+                }
+                _log.info(
+                    "engine_install",
+                    node=sender,
+                    engine=body.get("engine"),
+                    state=body.get("state"),
+                    reason=body.get("reason") or None,
+                )
+
+    def _shard_changed(self, node: str, shard: dict, before: str | None, now: float) -> None:
+        state, model = shard.get("state"), shard.get("model", "")
+        _log.info(
+            "replica_state",
+            replica=shard.get("id"),
+            model=model,
+            node=node,
+            state=state,
+            was=before,
+            reason=(shard.get("reason") or "")[:300] or None,
+        )
+        if state == "ready":
+            self.backoff[model] = after_success(self.backoff.get(model, Backoff()))
+            m = self.models.get(model)
+            if m is not None and shard.get("rss"):
+                self.needs.record(m, int(shard["rss"]))
+        elif state == "failed" and before != "stopping":
+            self._failed(model, now)
+
+    def _failed(self, model: str, now: float) -> None:
+        b = after_failure(
+            self.backoff.get(model, Backoff()),
+            now,
+            self.rng,
+            self.cfg.backoff_base_s,
+            self.cfg.backoff_max_s,
+        )
+        self.backoff[model] = b
+        _log.warning(
+            "start_failed", model=model, failures=b.failures, retry_in_s=round(b.next_at - now, 1)
+        )
+
+    # -- the periodic pass ---------------------------------------------------------------
+
+    def tick(self) -> None:
+        now = self.clock()
+        for node in self.inv.mark_lost(now, self.cfg.node_lost_s):
+            _log.warning(
+                "node_lost",
+                node=node.id,
+                silent_s=round(now - node.last_seen, 1),
+                replicas=len(self.inv.on_node(node.id)),
+            )
+            self.routes_dirty = True
+        self._expire_pending(now)
+        if not self.settled(now):
+            return
+        desired = [Desired(m.name, m.min, m.max, self.needs.need(m)) for m in self.models.values()]
+        views = [
+            ReplicaView(r.id, r.model, r.node, r.state, r.since)
+            for r in self.inv.replicas.values()
+            if r.state in LIVE
+        ]
+        decisions = reconcile(desired, views, self._node_views(), self.backoff, now)
+        for model, node, install in decisions.starts:
+            if install:
+                self._install(node, self.models[model])
+            else:
+                self._start(model, node, now)
+        for rid in decisions.stops:
+            self._stop(rid, now)
+        self._report_unplaceable(decisions.unplaceable)
+        metrics.observe(self)
+
+    def settled(self, now: float) -> bool:
+        return now - self.started_at >= self.cfg.settle_s
+
+    def _node_views(self) -> list[NodeView]:
+        views = []
+        for node in self.inv.nodes.values():
+            here = self.inv.on_node(node.id)
+            # Replicas still loading have not taken their memory yet: reserve it.
+            reserved = sum(
+                self.needs.need(self.models[r.model]).memory
+                for r in here
+                if r.state in ("pending", "starting") and r.model in self.models
+            )
+            counts: dict[str, int] = {}
+            for r in here:
+                if r.state in LIVE:
+                    counts[r.model] = counts.get(r.model, 0) + 1
+            engines = {}
+            for eid, info in node.engines.items():
+                state = info.get("state", "")
+                engines[eid] = f"failed: {info.get('reason', '')}" if state == "failed" else state
+            gpus_free = tuple(int(g.get("memory_free", 0)) for g in node.gpus)
+            views.append(NodeView(
+                id=node.id, lost=node.lost, draining=node.draining,
+                memory_free=max(0, node.memory_available - reserved),
+                gpus_free=gpus_free, engines=engines, replicas=counts,
+            ))  # fmt: skip
+        return views
+
+    def _expire_pending(self, now: float) -> None:
+        for r in list(self.inv.replicas.values()):
+            if r.state in ("pending", "starting") and now - r.since > self.cfg.start_timeout_s:
+                _log.warning(
+                    "start_timed_out", replica=r.id, model=r.model, node=r.node, state=r.state
+                )
+                self.inv.replicas.pop(r.id)
+                self._send(r.node, "stop_shard", {"id": r.id})
+                self._failed(r.model, now)
+
+    # -- commands to agents ------------------------------------------------------------
+
+    def _start(self, model_name: str, node: str, now: float) -> None:
+        m = self.models[model_name]
+        rid = "r-" + secrets.token_hex(4)
+        key = apikeys.engine_key(self.cluster_secret, rid)
+        self.inv.replicas[rid] = Replica(
+            rid, m.name, node, m.profile_hash(), "pending", now, key=key
+        )
+        body = {
+            "id": rid, "model": m.name, "profile": m.profile_hash(), "engine": m.engine,
+            "engine_version": m.engine_version, "source": m.source, "sha256": m.sha256,
+            "context": m.context, "parallel": m.parallel, "gpus": m.gpus,
+            "args": list(m.args), "key": key,
+        }  # fmt: skip
+        _log.info("start_replica", replica=rid, model=m.name, node=node)
+        self._send(node, "start_shard", body)
+
+    def _install(self, node: str, m: Model) -> None:
+        key = (node, m.engine_id)
+        now = self.clock()
+        if now - self._installs_asked.get(key, -1e9) < 60:
+            return
+        self._installs_asked[key] = now
+        _log.info("install_engine", node=node, engine=m.engine_id)
+        self._send(node, "install_engine", {"engine": m.engine, "version": m.engine_version})
+
+    def _stop(self, rid: str, now: float) -> None:
+        r = self.inv.replicas.get(rid)
+        if r is None:
+            return
+        _log.info("stop_replica", replica=rid, model=r.model, node=r.node, state=r.state)
+        r.state, r.since = "stopping", now
+        self.routes_dirty = True
+        self._send(r.node, "stop_shard", {"id": rid})
+
+    def _send(self, node: str, kind: str, body: dict) -> None:
+        self.outbox.append((node, bus.encode(kind, "scheduler", body, self.epoch)))
+
+    def _report_unplaceable(self, unplaceable: dict[str, dict[str, str]]) -> None:
+        for model, reasons in unplaceable.items():
+            text = "; ".join(f"{n}: {why}" for n, why in sorted(reasons.items())) or "no nodes"
+            if self._unplaceable.get(model) != text:
+                _log.warning("no_placement", model=model, reasons=text[:500])
+                self._unplaceable[model] = text
+        for model in list(self._unplaceable):
+            if model not in unplaceable:
+                del self._unplaceable[model]
+
+    # -- routes --------------------------------------------------------------------------
+
+    def routes(self) -> dict:
+        """The routing table: ready replicas, keeping a lost node's replicas only while
+        their model has no ready replica on a live node (its engines may well still run)."""
+        lost = {n.id for n in self.inv.nodes.values() if n.lost}
+        ready = [r for r in self.inv.replicas.values() if r.state == "ready" and r.endpoint]
+        served_live = {r.model for r in ready if r.node not in lost}
+        out = []
+        for r in ready:
+            if r.node in lost and r.model in served_live:
+                continue
+            m = self.models.get(r.model)
+            out.append({
+                "id": r.id, "model": r.model, "aliases": list(m.aliases) if m else [],
+                "endpoint": r.endpoint, "key": apikeys.engine_key(self.cluster_secret, r.id),
+                "state": "ready",
+            })  # fmt: skip
+        models = [{"name": m.name, "aliases": list(m.aliases)} for m in self.models.values()]
+        return {"seq": self.seq, "replicas": out, "models": models}
+
+
+def _gib(n) -> str:
+    return f"{int(n or 0) / 2**30:.1f}"
+
+
+def lookup_peer(public_key: str) -> str | None:
+    """A registered peer's name, read from the store (on the authenticator's thread)."""
+    from llmgw.store import db_proxy
+
+    try:
+        with db_proxy.obj.connection_context():
+            peer = BusPeer.get_or_none(BusPeer.public_key == public_key)
+    except Exception as e:  # the store is down: the peer retries, we say why
+        _log.warning("peer_lookup_failed", reason=str(e)[:200])
+        return None
+    return peer.name if peer else None
+
+
+class Loop:
+    """The sockets around a Scheduler."""
+
+    def __init__(self, sched: Scheduler, keys, cfg):
+        self.sched = sched
+        self.cfg = cfg
+        self.ctx = zmq.Context()
+        self.auth = bus.PeerAuthenticator(self.ctx, lookup=lookup_peer).start_for()
+        self.refresh_peers()
+        self.router = bus.serve(self.ctx, zmq.ROUTER, cfg.scheduler.bus, keys)
+        self.pub = bus.serve(self.ctx, zmq.PUB, cfg.scheduler.publish, keys)
+        self.running = True
+        self.next_peers = 0.0
+
+    def refresh_peers(self) -> None:
+        peers = {p.public_key: p.name for p in BusPeer.select()}
+        self.auth.set_peers(peers)
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        s = self.sched
+        while self.running:
+            for _ in dict(poller.poll(100)):
+                self._receive()
+            now = time.monotonic()
+            if now >= self.next_peers:
+                self.refresh_peers()
+                self.next_peers = now + 2.0
+            if now >= s.next_tick:
+                s.tick()
+                s.next_tick = now + self.cfg.scheduler.tick_s
+            self._flush()
+            self._publish(now)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                ident, frame = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            except ValueError:
+                continue  # not [identity, message]: nothing of ours
+            sender = bus.sender_of(frame)
+            try:
+                msg = bus.decode(frame.bytes)
+            except bus.BusError as e:
+                _log.warning("bad_message", node=sender, reason=str(e))
+                continue
+            if ident.bytes.decode(errors="replace") != sender:
+                _log.warning("identity_mismatch", node=sender, claimed=ident.bytes[:64])
+                continue
+            self.sched.handle(sender, msg)
+
+    def _flush(self) -> None:
+        for node, data in self.sched.outbox:
+            try:
+                self.router.send_multipart([node.encode(), data], zmq.NOBLOCK)
+            except zmq.ZMQError as e:
+                _log.warning("send_failed", node=node, reason=str(e))
+        self.sched.outbox.clear()
+
+    def _publish(self, now: float) -> None:
+        s = self.sched
+        if not s.settled(s.clock()):
+            return  # an empty table from a scheduler that just started would stop routers
+        if s.routes_dirty or now >= s.next_snapshot:
+            if s.routes_dirty:
+                s.seq += 1
+            s.routes_dirty = False
+            s.next_snapshot = now + self.cfg.scheduler.snapshot_s
+            self.pub.send(bus.encode("routes", "scheduler", s.routes(), s.epoch))
+
+    def close(self) -> None:
+        self.router.close(0)
+        self.pub.close(0)
+        self.auth.stop()
+        self.ctx.term()

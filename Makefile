@@ -43,6 +43,7 @@ docs: install
 
 bench: install
 	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS))
+	$(BIN)/python bench/scheduler.py
 
 clean:
 	rm -rf var .pytest_cache

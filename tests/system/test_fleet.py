@@ -100,3 +100,19 @@ def test_an_agent_with_an_unregistered_key_is_refused(cluster, api_key):
     eventually(lambda: "no_placement" in cluster.scheduler.log(), what="m to be unplaceable")
     assert cluster.shards("intruder") == []
     assert "intruder" not in cluster.scheduler.log()
+
+
+def test_an_invalid_model_stops_the_scheduler_naming_the_model_and_the_field(cluster):
+    import subprocess
+
+    from tests.helpers import BIN
+
+    cfg = cluster.tmp / "bad.toml"
+    cfg.write_text(f'[paths]\nconfig_dir = "{cluster.etc}"\nstate_dir = "{cluster.tmp}/s"\n'
+                   '[[models]]\nname = "big"\nsource = "https://example.org/big.gguf"\n')
+    result = subprocess.run([str(BIN / "llmgw-scheduler"), "--config", str(cfg)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "Error: model 'big': sha256 is required for a https source, so a wrong file is "
+        "never used")

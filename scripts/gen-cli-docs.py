@@ -10,6 +10,8 @@ from pathlib import Path
 import click
 
 from llmgw_agentd.main import main as agentd
+from llmgw_backup.main import main as backup
+from llmgw_certmon.main import main as certmon
 from llmgw_ctl.main import cli
 from llmgw_router.main import main as router
 from llmgw_scheduler.main import main as scheduler
@@ -32,8 +34,14 @@ def render() -> str:
         "# Command-line reference\n",
         "Generated from `--help` by `make docs`; do not edit by hand.\n",
     ]
-    tools = ((cli, "llmgw"), (router, "llmgw-router"), (scheduler, "llmgw-scheduler"),
-             (agentd, "llmgw-agentd"))
+    tools = (
+        (cli, "llmgw"),
+        (router, "llmgw-router"),
+        (scheduler, "llmgw-scheduler"),
+        (agentd, "llmgw-agentd"),
+        (backup, "llmgw-backup"),
+        (certmon, "llmgw-certmon"),
+    )
     for root, name in tools:
         for path, text in sections(root, [name]):
             parts.append(f"## `{' '.join(path)}`\n\n```\n{text}\n```\n")

@@ -135,6 +135,23 @@ class ScalingConfig:
 
 
 @dataclass
+class CertmonConfig:
+    # The CA and every issued certificate; empty: <paths.config_dir>/pki.
+    dir: str = ""
+    listen: str = "127.0.0.1:9073"  # the Prometheus scrape target of `llmgw-certmon serve`
+    renew_before_days: int = 30
+    validity_days: int = 90
+    ca_validity_days: int = 3650
+
+
+@dataclass
+class BackupConfig:
+    # Where `llmgw-backup run` writes archives; empty: paths.backup_dir.
+    dir: str = ""
+    keep: int = 14  # the newest archives kept; 0 keeps every one
+
+
+@dataclass
 class ModelConfig:
     name: str = ""
     aliases: list[str] = field(default_factory=list)
@@ -156,6 +173,8 @@ class Config:
     router: RouterConfig = field(default_factory=RouterConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    certmon: CertmonConfig = field(default_factory=CertmonConfig)
+    backup: BackupConfig = field(default_factory=BackupConfig)
     models: list[ModelConfig] = field(default_factory=list)
     source: str = ""  # the file this came from, "" for built-in defaults
 

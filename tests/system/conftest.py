@@ -22,6 +22,22 @@ ENGINE_CMD = [
 ]
 
 
+# An engine that fails the same way every time, as one whose weights it cannot load does.
+BROKEN_CMD = [
+    sys.executable,
+    "-c",
+    "import sys; print('llama_model_load: error loading model: bad magic'); sys.exit(1)",
+]
+
+
+# An engine that fails the same way every time, as one whose weights it cannot load does.
+BROKEN_CMD = [
+    sys.executable,
+    "-c",
+    "import sys; print('llama_model_load: error loading model: bad magic'); sys.exit(1)",
+]
+
+
 def toml_list(items) -> str:
     return json.dumps(list(items))
 
@@ -52,6 +68,8 @@ class Cluster:
     def _engines(self) -> str:
         return (
             f'[[agent.engines]]\nname = "fake"\nversion = "1"\ncommand = {toml_list(ENGINE_CMD)}\n'
+            '[[agent.engines]]\nname = "broken"\nversion = "1"\n'
+            f"command = {toml_list(BROKEN_CMD)}\n"
         )
 
     def add_model(

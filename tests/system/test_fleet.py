@@ -108,11 +108,42 @@ def test_an_invalid_model_stops_the_scheduler_naming_the_model_and_the_field(clu
     from tests.helpers import BIN
 
     cfg = cluster.tmp / "bad.toml"
-    cfg.write_text(f'[paths]\nconfig_dir = "{cluster.etc}"\nstate_dir = "{cluster.tmp}/s"\n'
-                   '[[models]]\nname = "big"\nsource = "https://example.org/big.gguf"\n')
-    result = subprocess.run([str(BIN / "llmgw-scheduler"), "--config", str(cfg)],
-                            capture_output=True, text=True, timeout=30)
+    cfg.write_text(
+        f'[paths]\nconfig_dir = "{cluster.etc}"\nstate_dir = "{cluster.tmp}/s"\n'
+        '[[models]]\nname = "big"\nsource = "https://example.org/big.gguf"\n'
+    )
+    result = subprocess.run(
+        [str(BIN / "llmgw-scheduler"), "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        "Error: model 'big': sha256 is required for a https source, so a wrong file is "
-        "never used")
+        "Error: model 'big': sha256 is required for a https source, so a wrong file is never used"
+    )
+
+
+def test_a_model_that_always_fails_is_parked_and_clients_are_told_why_at_once(cluster, api_key):
+    cluster.add_model("doomed", memory=GiB, engine="broken")
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)
+    cluster.start_router(api_key[1])
+    eventually(
+        lambda: "model_parked" in cluster.scheduler.log(), timeout=60, what="the model to be parked"
+    )
+    assert cluster.scheduler.log().count("start_replica") == 5
+
+    def told():
+        resp = cluster.chat("doomed")
+        return [resp] if resp.json()["error"]["code"] == "model_parked" else None
+
+    (resp,) = eventually(told, what="the router to hear of the parking")
+    assert resp.status_code == 503
+    assert "Retry-After" not in resp.headers
+    assert resp.headers["x-should-retry"] == "false"
+    assert "bad magic" in resp.json()["error"]["message"]
+    # Parked means parked: no more starts through many more passes (tick_s is 0.2 s).
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert cluster.scheduler.log().count("start_replica") == 5

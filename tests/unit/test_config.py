@@ -80,7 +80,7 @@ def test_the_example_config_loads_and_shows_every_key_with_its_default(tmp_path)
     text = config.example()
     cfg = config.load(write(tmp_path, text))
     defaults = config.Config()
-    for section in ("log", "store", "router", "scheduler", "agent"):
+    for section in ("log", "store", "router", "scheduler", "agent", "certmon", "backup"):
         got, want = getattr(cfg, section), getattr(defaults, section)
         for f in dataclasses.fields(want):
             if f.name in ("endpoints", "engines"):

@@ -37,9 +37,14 @@ def test_a_routes_table_installs_ready_replicas_with_their_aliases_and_keys():
 
 def test_a_model_in_the_catalog_without_a_ready_replica_is_known_but_not_served():
     table = RoutingTable()
-    feed_for(table).handle(routes(1, [], models=[{"name": "m", "aliases": ["a"]}]))
+    feed_for(table).handle(
+        routes(
+            1, [], models=[{"name": "m", "aliases": ["a"], "state": "parked", "reason": "exit 1"}]
+        )
+    )
     assert table.knows("a") and not table.serves("m")
-    assert not table.knows("other")
+    assert table.status("a") == ("parked", "exit 1")
+    assert not table.knows("other") and table.status("other") is None
 
 
 def test_static_endpoints_stay_beside_the_schedulers_table():

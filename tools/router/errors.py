@@ -22,10 +22,12 @@ def api_error(
     request_id: str,
     param: str | None = None,
     retry_after: int | None = None,
+    retry: bool | None = None,
 ) -> web.Response:
+    """An error answer; `retry=False` tells SDKs not to retry whatever the status."""
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     headers = {"x-request-id": request_id}
-    if status in _NO_RETRY:
+    if retry is False or (retry is None and status in _NO_RETRY):
         headers["x-should-retry"] = "false"
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)

@@ -67,10 +67,11 @@ class Feed:
         if seq != self.seq:
             _log.info("routes_applied", seq=seq, endpoints=len(eps))
         self.seq = seq
-        known = set()
+        known = {}
         for m in body.get("models", ()):
-            known.add(m["name"])
-            known.update(m.get("aliases", ()))
+            status = (m.get("state", "starting"), m.get("reason", ""))
+            for name in (m["name"], *m.get("aliases", ())):
+                known[name] = status
         self.apply(eps, known)
         return True
 

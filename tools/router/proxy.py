@@ -158,20 +158,7 @@ class Proxy:
                 model,
             )
         if not self.table.serves(model) and self.table.knows(model):
-            return self.reject(
-                api_error(
-                    503,
-                    f"The model '{model}' has no ready replica yet; it is being started.",
-                    "server_error",
-                    "model_not_ready",
-                    rid,
-                    retry_after=5,
-                ),
-                t0,
-                rid,
-                key.id,
-                model,
-            )
+            return self.reject(self.not_ready(model, rid), t0, rid, key.id, model)
         if not self.table.serves(model):
             return self.reject(
                 api_error(
@@ -210,6 +197,29 @@ class Proxy:
         finally:
             metrics.IN_FLIGHT.dec()
             call.account()
+
+    def not_ready(self, model: str, rid: str) -> web.Response:
+        """A catalog model with no ready replica: wait for one that is coming, or hear at
+        once why one will not come."""
+        state, reason = self.table.status(model) or ("starting", "")
+        if state in ("parked", "unplaceable"):
+            why = reason.strip().splitlines()[-1] if reason.strip() else "no reason given"
+            return api_error(
+                503,
+                f"The model '{model}' cannot be served ({state}): {why}",
+                "server_error",
+                f"model_{state}",
+                rid,
+                retry=False,
+            )
+        return api_error(
+            503,
+            f"The model '{model}' has no ready replica yet; it is being started.",
+            "server_error",
+            "model_not_ready",
+            rid,
+            retry_after=5,
+        )
 
     def reject(self, resp: web.Response, t0: float, rid: str, key_id: str, model: str):
         """Answer an authenticated request that never reached an engine, and account it."""

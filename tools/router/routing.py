@@ -44,15 +44,16 @@ class RoutingTable:
         self.cooldown_s = cooldown_s
         self._by_model: dict[str, list[Endpoint]] = {}
         self._by_id: dict[str, Endpoint] = {}
-        self._known: frozenset[str] = frozenset()
+        self._known: dict[str, tuple[str, str]] = {}
         self._turn = 0
         self.replace(list(endpoints))
 
-    def replace(self, endpoints: list[Endpoint], known=()) -> None:
+    def replace(self, endpoints: list[Endpoint], known: dict | None = None) -> None:
         """Install a new set of endpoints, keeping the counters of ones that stay.
 
-        `known` names models (and aliases) the catalog has, served or not, so a request
-        for one that is still starting is told to wait rather than that it does not exist.
+        `known` maps the catalog's models and aliases, served or not, to the scheduler's
+        (state, reason) for them, so a request for one that is starting is told to wait,
+        and one for a model that will not come up is told why at once.
         """
         by_id = {}
         for ep in endpoints:
@@ -65,10 +66,14 @@ class RoutingTable:
             for model in ep.models:
                 by_model.setdefault(model, []).append(ep)
         self._by_id, self._by_model = by_id, by_model
-        self._known = frozenset(known) | frozenset(by_model)
+        self._known = dict(known or {})
 
     def knows(self, model: str) -> bool:
-        return model in self._known
+        return model in self._known or model in self._by_model
+
+    def status(self, model: str) -> tuple[str, str] | None:
+        """The scheduler's (state, reason) for a catalog model, None for an unknown one."""
+        return self._known.get(model)
 
     def models(self) -> list[str]:
         return sorted(self._by_model)

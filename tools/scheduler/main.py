@@ -67,8 +67,10 @@ def main(config_path):
     needs.load_measured()
     for m in models:
         needs.estimate(m)
+    sched = Scheduler(cfg, models, secret, needs)
+    sched.load_parked()
     try:
-        loop = Loop(Scheduler(cfg, models, secret, needs), keys, cfg)
+        loop = Loop(sched, keys, cfg)
     except Error as e:
         raise click.ClickException(str(e)) from None
     if cfg.scheduler.metrics_listen:

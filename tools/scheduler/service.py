@@ -8,6 +8,7 @@ runs: a restarted scheduler must not start a replica twice.
 
 import random
 import secrets
+import threading
 import time
 
 import zmq
@@ -16,12 +17,16 @@ from llmgw import apikeys, bus, log
 from llmgw.catalog import Model
 from llmgw.placement import NodeView
 from llmgw.reconciler import Backoff, Desired, ReplicaView, after_failure, after_success, reconcile
-from llmgw.store import BusPeer
+from llmgw.store import BusPeer, ParkedModel
 from llmgw_scheduler import metrics
 from llmgw_scheduler.inventory import LIVE, Inventory, Replica
 from llmgw_scheduler.needs import Needs
 
 _log = log.get("llmgw.scheduler")
+
+# Failed starts in a row before a model is parked: a model whose weights its engine could
+# not load was once started 155 times over eight hours.
+PARK_AFTER = 5
 
 
 class Scheduler:
@@ -40,11 +45,17 @@ class Scheduler:
         self.epoch = 0
         self.seq = 0
         self.routes_dirty = True
+        self.wake = False  # run a pass now, not at the next tick (set by the admin API)
         self.next_snapshot = 0.0
         self.next_tick = 0.0
         self.outbox: list[tuple[str, bytes]] = []  # (node, message) to send
         self._installs_asked: dict[tuple[str, str], float] = {}
-        self._unplaceable: dict[str, str] = {}  # model -> last reason logged
+        self.unplaceable: dict[str, str] = {}  # model -> why it fits nowhere
+        self._unplaceable_logged: dict[str, float] = {}
+        self.last_error: dict[str, str] = {}  # model -> its last failed start's reason
+        self.parked: dict[str, ParkedModel] = {}
+        # The admin API reads and changes this object from its own thread.
+        self.lock = threading.RLock()
 
     # -- messages from agents ----------------------------------------------------------
 
@@ -108,9 +119,11 @@ class Scheduler:
             if m is not None and shard.get("rss"):
                 self.needs.record(m, int(shard["rss"]))
         elif state == "failed" and before != "stopping":
-            self._failed(model, now)
+            self._failed(model, now, shard.get("reason") or "")
 
-    def _failed(self, model: str, now: float) -> None:
+    def _failed(self, model: str, now: float, reason: str = "") -> None:
+        if reason:
+            self.last_error[model] = reason[-2000:]
         b = after_failure(
             self.backoff.get(model, Backoff()),
             now,
@@ -122,6 +135,73 @@ class Scheduler:
         _log.warning(
             "start_failed", model=model, failures=b.failures, retry_in_s=round(b.next_at - now, 1)
         )
+        m = self.models.get(model)
+        if m is not None and b.failures >= PARK_AFTER and model not in self.parked:
+            self._park(m, b.failures, now)
+
+    # -- parking -------------------------------------------------------------------------
+
+    def load_parked(self) -> None:
+        """Parked models survive a restart, unless their definition changed meanwhile."""
+        for row in ParkedModel.select():
+            m = self.models.get(row.model)
+            if m is not None and m.profile_hash() == row.profile:
+                self.parked[row.model] = row
+            else:
+                _log.info("model_unparked", model=row.model, why="definition changed")
+                row.delete_instance()
+
+    def _park(self, m: Model, failures: int, now: float) -> None:
+        reason = self.last_error.get(m.name) or "its engine did not become ready"
+        fields = {
+            "profile": m.profile_hash(),
+            "reason": reason,
+            "failures": failures,
+            "parked_at": now,
+        }
+        (
+            ParkedModel.insert(model=m.name, **fields)
+            .on_conflict(conflict_target=[ParkedModel.model], update=fields)
+            .execute()
+        )
+        self.parked[m.name] = ParkedModel(model=m.name, **fields)
+        self.routes_dirty = True
+        _log.error(
+            "model_parked",
+            model=m.name,
+            failures=failures,
+            reason=reason.strip().splitlines()[-1][:300] if reason.strip() else None,
+            action="run `llmgw retry MODEL` once fixed",
+        )
+
+    def retry(self, model: str) -> bool:
+        """Forget a model's failures and park; False if there is no such model."""
+        if model not in self.models:
+            return False
+        ParkedModel.delete().where(ParkedModel.model == model).execute()
+        self.parked.pop(model, None)
+        self.backoff.pop(model, None)
+        self.routes_dirty = True
+        _log.info("model_retry", model=model)
+        return True
+
+    def model_status(self, model: str) -> tuple[str, str]:
+        """(state, reason): serving, starting, backoff, parked, unplaceable or stopped."""
+        if model in self.parked:
+            return "parked", self.parked[model].reason
+        ready = sum(
+            1 for r in self.inv.replicas.values() if r.model == model and r.state == "ready"
+        )
+        if ready:
+            return "serving", ""
+        if model in self.unplaceable:
+            return "unplaceable", self.unplaceable[model]
+        b = self.backoff.get(model)
+        if b is not None and b.failures and b.next_at > self.clock():
+            return "backoff", self.last_error.get(model, "")
+        if self.models[model].min == 0:
+            return "stopped", ""
+        return "starting", ""
 
     # -- the periodic pass ---------------------------------------------------------------
 
@@ -138,7 +218,11 @@ class Scheduler:
         self._expire_pending(now)
         if not self.settled(now):
             return
-        desired = [Desired(m.name, m.min, m.max, self.needs.need(m)) for m in self.models.values()]
+        desired = [
+            Desired(m.name, m.min, m.max, self.needs.need(m))
+            for m in self.models.values()
+            if m.name not in self.parked
+        ]
         views = [
             ReplicaView(r.id, r.model, r.node, r.state, r.since)
             for r in self.inv.replicas.values()
@@ -234,14 +318,23 @@ class Scheduler:
         self.outbox.append((node, bus.encode(kind, "scheduler", body, self.epoch)))
 
     def _report_unplaceable(self, unplaceable: dict[str, dict[str, str]]) -> None:
+        """Log when a model's reason changes, and every ten minutes while it lasts:
+        never on every pass (250 identical lines in two days once buried everything)."""
+        now = self.clock()
         for model, reasons in unplaceable.items():
             text = "; ".join(f"{n}: {why}" for n, why in sorted(reasons.items())) or "no nodes"
-            if self._unplaceable.get(model) != text:
+            changed = self.unplaceable.get(model) != text
+            if changed or now - self._unplaceable_logged.get(model, 0) >= 600:
                 _log.warning("no_placement", model=model, reasons=text[:500])
-                self._unplaceable[model] = text
-        for model in list(self._unplaceable):
+                self._unplaceable_logged[model] = now
+            if changed:
+                self.routes_dirty = True
+            self.unplaceable[model] = text
+        for model in list(self.unplaceable):
             if model not in unplaceable:
-                del self._unplaceable[model]
+                del self.unplaceable[model]
+                self._unplaceable_logged.pop(model, None)
+                self.routes_dirty = True
 
     # -- routes --------------------------------------------------------------------------
 
@@ -261,7 +354,17 @@ class Scheduler:
                 "endpoint": r.endpoint, "key": apikeys.engine_key(self.cluster_secret, r.id),
                 "state": "ready",
             })  # fmt: skip
-        models = [{"name": m.name, "aliases": list(m.aliases)} for m in self.models.values()]
+        models = []
+        for m in self.models.values():
+            state, reason = self.model_status(m.name)
+            models.append(
+                {
+                    "name": m.name,
+                    "aliases": list(m.aliases),
+                    "state": state,
+                    "reason": reason[-500:],
+                }
+            )
         return {"seq": self.seq, "replicas": out, "models": models}
 
 
@@ -305,17 +408,20 @@ class Loop:
         poller.register(self.router, zmq.POLLIN)
         s = self.sched
         while self.running:
-            for _ in dict(poller.poll(100)):
-                self._receive()
-            now = time.monotonic()
-            if now >= self.next_peers:
-                self.refresh_peers()
-                self.next_peers = now + 2.0
-            if now >= s.next_tick:
-                s.tick()
-                s.next_tick = now + self.cfg.scheduler.tick_s
-            self._flush()
-            self._publish(now)
+            events = dict(poller.poll(100))
+            with s.lock:
+                if events:
+                    self._receive()
+                now = time.monotonic()
+                if now >= self.next_peers:
+                    self.refresh_peers()
+                    self.next_peers = now + 2.0
+                if now >= s.next_tick or s.wake:
+                    s.wake = False
+                    s.tick()
+                    s.next_tick = now + self.cfg.scheduler.tick_s
+                self._flush()
+                self._publish(now)
 
     def _receive(self) -> None:
         while True:

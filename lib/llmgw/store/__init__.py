@@ -16,6 +16,7 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     BusPeer,
     ClusterSecret,
     MeasuredCapacity,
+    ParkedModel,
     Usage,
     db_proxy,
 )

@@ -21,7 +21,11 @@ def m002_scheduler(db: peewee.Database) -> None:
     db.create_tables([m.BusPeer, m.ClusterSecret, m.MeasuredCapacity])
 
 
-MIGRATIONS = [m001_initial, m002_scheduler]
+def m003_parking(db: peewee.Database) -> None:
+    db.create_tables([m.ParkedModel])
+
+
+MIGRATIONS = [m001_initial, m002_scheduler, m003_parking]
 
 
 def _applied(db: peewee.Database) -> set[str]:

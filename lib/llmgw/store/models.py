@@ -99,4 +99,18 @@ class MeasuredCapacity(BaseModel):
         primary_key = peewee.CompositeKey("model", "profile")
 
 
-ALL_MODELS = [Migration, ApiKey, Usage, BusPeer, ClusterSecret, MeasuredCapacity]
+class ParkedModel(BaseModel):
+    """A model that failed to start too often: not placed again until its definition
+    changes (another profile) or an operator says `llmgw retry`."""
+
+    model = peewee.CharField(primary_key=True, max_length=200)
+    profile = peewee.CharField(max_length=64)
+    reason = peewee.TextField()
+    failures = peewee.IntegerField()
+    parked_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "parked_models"
+
+
+ALL_MODELS = [Migration, ApiKey, Usage, BusPeer, ClusterSecret, MeasuredCapacity, ParkedModel]

@@ -1,0 +1,1 @@
+"""llmgw-backup: archives of the store and the configuration."""

@@ -1,0 +1,198 @@
+"""llmgw-backup's command line: run, verify, restore, list."""
+
+import json
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from llmgw import __version__, log
+from llmgw import config as configmod
+from llmgw.errors import Error
+from llmgw_backup import archive, restore, run, verify
+
+
+class State:
+    def __init__(self, config_path):
+        self.config_path = config_path
+        self._cfg = None
+
+    @property
+    def cfg(self) -> configmod.Config:
+        if self._cfg is None:
+            self._cfg = configmod.load(self.config_path)
+            log.setup("llmgw-backup", self._cfg.log.level)
+        return self._cfg
+
+    def directory(self, asked: str | None) -> Path:
+        """--dir, else backup.dir (relative to the config file), else paths.backup_dir."""
+        if asked:
+            return Path(asked).absolute()
+        cfg = self.cfg
+        if cfg.backup.dir:
+            base = Path(cfg.source).absolute().parent if cfg.source else Path.cwd()
+            return base / cfg.backup.dir
+        return Path(cfg.paths.backup_dir)
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+def _sigterm(signum, frame):
+    # systemd stops a unit with SIGTERM: unwind, so the .part file and the staging
+    # directory are removed by the code that made them.
+    raise SystemExit(128 + signum)
+
+
+def print_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2 if sys.stdout.isatty() else None))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _keys(n: int) -> str:
+    return f"{n} API key" if n == 1 else f"{n} API keys"
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+class Command(click.Group):
+    """Every llmgw error, and any OS error, is one line on stderr and exit status 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Error as e:
+            raise click.ClickException(str(e)) from None
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            raise click.ClickException(f"{where}{e.strerror or e}") from None
+
+
+@click.group(
+    cls=Command,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.option(
+    "--config",
+    "config_path",
+    envvar="LLMGW_CONFIG",
+    type=click.Path(),
+    help="Config file (default /etc/llmgw/llmgw.toml).",
+)
+@click.version_option(__version__, "--version")
+@click.pass_context
+def main(ctx, config_path):
+    """Archives of the store and the configuration directory (the default command is `list`).
+
+    \b
+    Examples:
+      llmgw-backup run
+      llmgw-backup list --json | jq -r '.[0].path'
+      llmgw-backup verify /var/backups/llmgw/llmgw-20250101T030000Z.tar.gz
+      llmgw-backup restore /var/backups/llmgw/llmgw-20250101T030000Z.tar.gz
+    """
+    signal.signal(signal.SIGTERM, _sigterm)
+    ctx.obj = State(config_path)
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(backup_list)
+
+
+@main.command("run", short_help="Write one archive; prune old ones.")
+@click.option("--dir", "directory", help="Where to write (default: backup.dir).")
+@click.option("--keep", type=click.IntRange(min=0), help="Newest archives kept (default: 14).")
+@click.option("--json", "as_json", is_flag=True, help="Print the archive as JSON.")
+@pass_state
+def backup_run(state, directory, keep, as_json):
+    """Write one archive of the store and the configuration, then prune old ones.
+
+    The archive is written as NAME.part and renamed when complete; only archives named
+    llmgw-YYYYmmddTHHMMSSZ.tar.gz are pruned. Prints the archive's path.
+
+    \b
+    Examples:
+      llmgw-backup run
+      llmgw-backup run --dir /mnt/offsite --keep 30 --json
+    """
+    cfg = state.cfg
+    result = run.backup(cfg, state.directory(directory), cfg.backup.keep if keep is None else keep)
+    if as_json:
+        print_json(result)
+        return
+    click.echo(result["path"])
+
+
+@main.command("verify", short_help="Check an archive end to end.")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print what the archive holds as JSON.")
+def backup_verify(path, as_json):
+    """Check an archive: its manifest and sha256s, its store, the engine-key secret.
+
+    \b
+    Examples:
+      llmgw-backup verify /var/backups/llmgw/llmgw-20250101T030000Z.tar.gz
+      llmgw-backup list --json | jq -r '.[0].path' | xargs llmgw-backup verify
+    """
+    result = verify.verify(path)
+    if as_json:
+        print_json(result)
+        return
+    click.echo(
+        f"{path}: ok ({result['store']} store, {_keys(result['api_keys'])}, engine-key"
+        f" secret present, {result['config_files']} configuration files)"
+    )
+
+
+@main.command("restore", short_help="Restore the store and the configuration.")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Replace a store and files that are there.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was restored as JSON.")
+@pass_state
+def backup_restore(state, path, force, as_json):
+    """Restore the store and the configuration directory from an archive.
+
+    Stop llmgw first. A store that has tables, or configuration files that differ from
+    the archive's, are replaced only with --force.
+
+    \b
+    Examples:
+      llmgw-backup restore /var/backups/llmgw/llmgw-20250101T030000Z.tar.gz
+      LLMGW_STORE=postgresql://llmgw@db2/llmgw llmgw-backup restore ARCHIVE
+    """
+    result = restore.restore(state.cfg, path, force)
+    if as_json:
+        print_json(result)
+        return
+    click.echo(
+        f"restored {result['store_url']} ({_keys(result['api_keys'])}) and"
+        f" {len(result['config_written'])} files into {result['config_dir']}"
+        f" ({result['config_unchanged']} already the same) from {path}"
+    )
+
+
+@main.command("list")
+@click.option("--dir", "directory", help="Where to look (default: backup.dir).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def backup_list(state, directory, as_json):
+    """Archives in the backup directory, newest first."""
+    found = archive.archives(state.directory(directory))
+    if as_json:
+        print_json([a.json() for a in found])
+        return
+    rows = [["PATH", "SIZE", "CREATED"]]
+    rows += [[str(a.path), _size(a.bytes), _when(a.created_at)] for a in found]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

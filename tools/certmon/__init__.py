@@ -1,0 +1,1 @@
+"""llmgw-certmon: the certificate authority."""

@@ -75,6 +75,10 @@ class SchedulerConfig:
     bus: str = "tcp://127.0.0.1:7070"  # ROUTER socket agents connect to
     publish: str = "tcp://127.0.0.1:7071"  # PUB socket routers subscribe to
     metrics_listen: str = "127.0.0.1:9071"
+    # The admin API `llmgw` talks to, and its bearer token (empty: made on first start
+    # in <config_dir>/secrets/admin.token).
+    admin_listen: str = "127.0.0.1:8081"
+    admin_token: str = secret()
     tick_s: float = 1.0
     node_lost_s: float = 10.0
     snapshot_s: float = 3.0

@@ -50,6 +50,7 @@ class Cluster:
         self.bus = f"tcp://127.0.0.1:{free_port()}"
         self.pub = f"tcp://127.0.0.1:{free_port()}"
         self.sched_metrics = free_port()
+        self.admin_port = free_port()
         self.models: list[dict] = []
         self.scheduler: Proc | None = None
         self.agents: dict[str, Proc] = {}
@@ -120,6 +121,7 @@ class Cluster:
             self._common(self.tmp / "scheduler-state")
             + f'[scheduler]\nbus = "{self.bus}"\npublish = "{self.pub}"\n'
             f'metrics_listen = "127.0.0.1:{self.sched_metrics}"\ntick_s = 0.2\n'
+            f'admin_listen = "127.0.0.1:{self.admin_port}"\n'
             "node_lost_s = 3.0\nsnapshot_s = 1.0\nsettle_s = 1.5\nbackoff_base_s = 0.5\n"
             "backoff_max_s = 2.0\nstart_timeout_s = 20.0\n" + self._engines() + self._models()
         )

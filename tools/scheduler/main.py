@@ -12,6 +12,8 @@ from llmgw import __version__, bus, catalog, log
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import ClusterSecret, migrate, open_store, redact
+from llmgw_scheduler.admin import admin_token
+from llmgw_scheduler.admin import serve as serve_admin
 from llmgw_scheduler.needs import Needs
 from llmgw_scheduler.service import Loop, Scheduler
 
@@ -73,6 +75,13 @@ def main(config_path):
         loop = Loop(sched, keys, cfg)
     except Error as e:
         raise click.ClickException(str(e)) from None
+    try:
+        admin = serve_admin(sched, cfg.scheduler.admin_listen, admin_token(cfg))
+    except OSError as e:
+        loop.close()
+        raise click.ClickException(
+            f"cannot serve the admin API on {cfg.scheduler.admin_listen}: {e.strerror}"
+        ) from None
     if cfg.scheduler.metrics_listen:
         host, port = split_listen(cfg.scheduler.metrics_listen)
         if port:
@@ -93,5 +102,6 @@ def main(config_path):
     try:
         loop.run()
     finally:
+        admin.shutdown()
         loop.close()
     _log.info("stopped")

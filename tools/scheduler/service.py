@@ -53,6 +53,7 @@ class Scheduler:
         self.unplaceable: dict[str, str] = {}  # model -> why it fits nowhere
         self._unplaceable_logged: dict[str, float] = {}
         self.last_error: dict[str, str] = {}  # model -> its last failed start's reason
+        self.registered_nodes: list[str] = []  # from the store, for `llmgw nodes`
         self.parked: dict[str, ParkedModel] = {}
         # The admin API reads and changes this object from its own thread.
         self.lock = threading.RLock()
@@ -228,7 +229,7 @@ class Scheduler:
             for r in self.inv.replicas.values()
             if r.state in LIVE
         ]
-        decisions = reconcile(desired, views, self._node_views(), self.backoff, now)
+        decisions = reconcile(desired, views, self.node_views(), self.backoff, now)
         for model, node, install in decisions.starts:
             if install:
                 self._install(node, self.models[model])
@@ -242,7 +243,7 @@ class Scheduler:
     def settled(self, now: float) -> bool:
         return now - self.started_at >= self.cfg.settle_s
 
-    def _node_views(self) -> list[NodeView]:
+    def node_views(self) -> list[NodeView]:
         views = []
         for node in self.inv.nodes.values():
             here = self.inv.on_node(node.id)
@@ -400,8 +401,9 @@ class Loop:
         self.next_peers = 0.0
 
     def refresh_peers(self) -> None:
-        peers = {p.public_key: p.name for p in BusPeer.select()}
-        self.auth.set_peers(peers)
+        peers = list(BusPeer.select())
+        self.auth.set_peers({p.public_key: p.name for p in peers})
+        self.sched.registered_nodes = sorted(p.name for p in peers if p.kind == "agent")
 
     def run(self) -> None:
         poller = zmq.Poller()

@@ -1,0 +1,178 @@
+"""The admin API: HTTP/JSON on `scheduler.admin_listen`, bearer-token authenticated.
+
+`llmgw` is a thin client of it. Reads take a consistent snapshot under the scheduler's
+lock; changes are applied under the same lock and answered 202 when they take effect
+on the next pass (a queued change is not an error).
+"""
+
+import hmac
+import json
+import secrets
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from llmgw import log
+from llmgw.placement import place
+from llmgw.store import BusPeer
+
+_log = log.get("llmgw.scheduler.admin")
+
+
+def admin_token(cfg) -> str:
+    """scheduler.admin_token, or the token file made on first start (0600)."""
+    if cfg.scheduler.admin_token:
+        return cfg.scheduler.admin_token
+    path = Path(cfg.paths.config_dir) / "secrets" / "admin.token"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(path.name + ".part")
+        tmp.write_text(secrets.token_urlsafe(32) + "\n")
+        tmp.chmod(0o600)
+        tmp.rename(path)
+        _log.info("admin_token_created", path=path)
+    return path.read_text().strip()
+
+
+class View:
+    """The API's JSON shapes, built from the scheduler's state (call under its lock)."""
+
+    def __init__(self, sched):
+        self.s = sched
+
+    def node(self, n) -> dict:
+        return {
+            "name": n.id, "state": "lost" if n.lost else "up", "cpus": n.cpus,
+            "memory_total": n.memory_total, "memory_available": n.memory_available,
+            "gpus": n.gpus, "engines": n.engines,
+            "replicas": sum(1 for r in self.s.inv.replicas.values() if r.node == n.id),
+            "last_seen": n.last_seen,
+        }  # fmt: skip
+
+    def nodes(self) -> list[dict]:
+        out = [self.node(n) for n in sorted(self.s.inv.nodes.values(), key=lambda n: n.id)]
+        seen = {n["name"] for n in out}
+        for peer in self.s.registered_nodes:
+            if peer not in seen:
+                out.append({"name": peer, "state": "never seen", "cpus": 0, "memory_total": 0,
+                            "memory_available": 0, "gpus": [], "engines": {}, "replicas": 0,
+                            "last_seen": None})  # fmt: skip
+        return out
+
+    def model(self, m) -> dict:
+        s = self.s
+        state, reason = s.model_status(m.name)
+        mine = [r for r in s.inv.replicas.values() if r.model == m.name]
+        b = s.backoff.get(m.name)
+        return {
+            "name": m.name, "aliases": list(m.aliases), "engine": m.engine_id,
+            "min": m.min, "max": m.max,
+            "ready": sum(1 for r in mine if r.state == "ready"), "replicas": len(mine),
+            "state": state, "reason": reason,
+            "failures": b.failures if b else 0,
+            "retry_at": b.next_at if b and b.failures and state == "backoff" else None,
+            "memory": s.needs.need(m).memory,
+        }  # fmt: skip
+
+    def models(self) -> list[dict]:
+        return [self.model(m) for m in self.s.models.values()]
+
+    def replicas(self, model: str | None = None) -> list[dict]:
+        return [
+            {"id": r.id, "model": r.model, "node": r.node, "state": r.state,
+             "endpoint": r.endpoint, "since": r.since, "rss": r.rss, "reason": r.reason}
+            for r in sorted(self.s.inv.replicas.values(), key=lambda r: (r.model, r.since))
+            if model is None or r.model == model
+        ]  # fmt: skip
+
+    def placement(self, m) -> dict:
+        need = self.s.needs.need(m)
+        p = place(need, self.s.node_views(), explain=True)
+        return {
+            "model": m.name,
+            "need": {"memory": need.memory, "gpus": need.gpus, "engine": need.engine},
+            "choice": p.node, "install": p.install,
+            "nodes": [{"name": n, "fits": n not in p.reasons, "reason": p.reasons.get(n, "")}
+                      for n in sorted(self.s.inv.nodes)],
+        }  # fmt: skip
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "llmgw-scheduler"
+    sched = None  # set by serve()
+    token = ""
+
+    def log_message(self, fmt, *args):  # the audit of changes is logged by the scheduler
+        pass
+
+    def _send(self, status: int, body) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        self._send(status, {"error": {"message": message, "code": code}})
+
+    def _authorised(self) -> bool:
+        given = self.headers.get("Authorization", "")
+        if given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), self.token):
+            return True
+        self._error(401, "unauthorized", "missing or wrong admin token")
+        return False
+
+    def do_GET(self):
+        if not self._authorised():
+            return
+        url = urlsplit(self.path)
+        parts = [unquote(p) for p in url.path.strip("/").split("/")]
+        s = self.sched
+        with s.lock:
+            view = View(s)
+            if parts == ["v1", "status"]:
+                body = {"nodes": view.nodes(), "models": view.models(), "replicas": view.replicas()}
+            elif parts == ["v1", "nodes"]:
+                body = view.nodes()
+            elif parts == ["v1", "models"]:
+                body = view.models()
+            elif parts == ["v1", "replicas"]:
+                model = parse_qs(url.query).get("model", [None])[0]
+                body = view.replicas(model)
+            elif len(parts) == 4 and parts[:2] == ["v1", "models"] and parts[3] == "placement":
+                m = s.models.get(parts[2])
+                if m is None:
+                    return self._error(404, "model_not_found", f"no model '{parts[2]}'")
+                body = view.placement(m)
+            else:
+                return self._error(404, "not_found", f"no such endpoint: GET {url.path}")
+        self._send(200, body)
+
+    def do_POST(self):
+        if not self._authorised():
+            return
+        parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+        s = self.sched
+        if len(parts) == 4 and parts[:2] == ["v1", "models"] and parts[3] == "retry":
+            with s.lock:
+                if not s.retry(parts[2]):
+                    return self._error(404, "model_not_found", f"no model '{parts[2]}'")
+                s.wake = True
+            _log.info("admin_change", action="retry", model=parts[2], client=self.client_address[0])
+            return self._send(202, {"model": parts[2], "queued": "retry"})
+        self._error(404, "not_found", f"no such endpoint: POST {self.path}")
+
+
+def serve(sched, listen: str, token: str) -> ThreadingHTTPServer:
+    host, _, port = listen.rpartition(":")
+    handler = type("BoundHandler", (Handler,), {"sched": sched, "token": token})
+    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="admin", daemon=True).start()
+    return server
+
+
+def registered_nodes() -> list[str]:
+    return [p.name for p in BusPeer.select(BusPeer.name).where(BusPeer.kind == "agent")]

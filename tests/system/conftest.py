@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,14 +20,6 @@ ENGINE_CMD = [
     "{port}",
     "--key-file",
     "{key_file}",
-]
-
-
-# An engine that fails the same way every time, as one whose weights it cannot load does.
-BROKEN_CMD = [
-    sys.executable,
-    "-c",
-    "import sys; print('llama_model_load: error loading model: bad magic'); sys.exit(1)",
 ]
 
 
@@ -132,6 +125,20 @@ class Cluster:
         )
         self.scheduler.wait_healthy()
         return self.scheduler
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess:
+        """Run the real `llmgw` against this cluster's admin API (its token file included)."""
+        cfg = self.tmp / "ctl.toml"
+        cfg.write_text(self._common(self.tmp / "ctl-state"))
+        return llmgw(
+            "--config",
+            str(cfg),
+            "--admin-url",
+            f"http://127.0.0.1:{self.admin_port}",
+            *args,
+            env={"LLMGW_CONFIG": "", "LLMGW_ADMIN_URL": "", "LLMGW_ADMIN_TOKEN": ""},
+            check=False,
+        )
 
     def register(self, name: str, kind: str = "nodes") -> None:
         llmgw("--config", str(self.tmp / "ctl.toml"), kind, "add", name, env={"LLMGW_CONFIG": ""})

@@ -9,7 +9,7 @@ import threading
 import click
 from prometheus_client import start_http_server
 
-from llmgw import __version__, bus, log
+from llmgw import bus, cli, log
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw_agentd.agent import Agent
@@ -17,22 +17,9 @@ from llmgw_agentd.agent import Agent
 _log = log.get("llmgw.agentd")
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise click.ClickException(f"agent.metrics_listen {text!r}: want HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--config",
-    "config_path",
-    envvar="LLMGW_CONFIG",
-    type=click.Path(),
-    help="Config file (default /etc/llmgw/llmgw.toml).",
-)
-@click.version_option(__version__, "--version")
+@click.command(context_settings=cli.CONTEXT)
+@cli.config_option
+@cli.version_option
 def main(config_path):
     """Run this node's engines for the scheduler: one agent per node.
 
@@ -57,7 +44,7 @@ def main(config_path):
     log.setup("llmgw-agentd", cfg.log.level)
     # Readiness probes would otherwise log a connection line every 200 ms at debug level.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
-    host, port = parse_listen(cfg.agent.metrics_listen)
+    host, port = cli.parse_listen(cfg.agent.metrics_listen)
     if port:
         try:
             start_http_server(port, host)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from llmgw import __version__, log
+from llmgw import cli, log
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw_backup import archive, restore, run, verify
@@ -82,16 +82,10 @@ class Command(click.Group):
 @click.group(
     cls=Command,
     invoke_without_command=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings=cli.CONTEXT,
 )
-@click.option(
-    "--config",
-    "config_path",
-    envvar="LLMGW_CONFIG",
-    type=click.Path(),
-    help="Config file (default /etc/llmgw/llmgw.toml).",
-)
-@click.version_option(__version__, "--version")
+@cli.config_option
+@cli.version_option
 @click.pass_context
 def main(ctx, config_path):
     """Archives of the store and the configuration directory (the default command is `list`).

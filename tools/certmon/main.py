@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import click
 from prometheus_client import CollectorRegistry, start_http_server
 
-from llmgw import __version__, log
+from llmgw import cli, log
 from llmgw import config as configmod
 from llmgw.apikeys import parse_duration
 from llmgw.errors import Error
@@ -69,15 +69,9 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
-@click.option(
-    "--config",
-    "config_path",
-    envvar="LLMGW_CONFIG",
-    type=click.Path(),
-    help="Config file (default /etc/llmgw/llmgw.toml).",
-)
-@click.version_option(__version__, "--version")
+@click.group(context_settings=cli.CONTEXT, invoke_without_command=True)
+@cli.config_option
+@cli.version_option
 @click.pass_context
 def main(ctx, config_path):
     """The cluster's certificate authority: issue and renew certificates, publish their expiry.
@@ -296,13 +290,6 @@ def check(state, warn, crit):
     sys.exit(verdict.code)
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise click.BadParameter(f"{text!r}: want HOST:PORT, e.g. 127.0.0.1:9073")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 @main.command("serve")
 @click.option("--listen", help="HOST:PORT to serve /metrics on (overrides certmon.listen).")
 @pass_state
@@ -316,7 +303,7 @@ def serve(state, listen):
     """
     cfg = state.cfg
     log.setup("llmgw-certmon", cfg.log.level)
-    host, port = parse_listen(listen or cfg.certmon.listen)
+    host, port = cli.parse_listen(listen or cfg.certmon.listen)
     pki = state.pki
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CertCollector(pki))

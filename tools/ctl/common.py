@@ -12,8 +12,10 @@ from llmgw.store import migrate, open_store
 
 
 class State:
-    def __init__(self, config_path):
+    def __init__(self, config_path, admin_url=None, admin_token=None):
         self.config_path = config_path
+        self.admin_url = admin_url  # --admin-url / LLMGW_ADMIN_URL; None: from the config
+        self.admin_token = admin_token  # --token / LLMGW_ADMIN_TOKEN; None: config or file
         self._cfg = None
 
     @property

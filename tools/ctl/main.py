@@ -2,34 +2,44 @@
 
 import click
 
-from llmgw import __version__
+from llmgw import cli as cli_common
 from llmgw_ctl.common import State
 from llmgw_ctl.config import config
 from llmgw_ctl.keys import keys
 from llmgw_ctl.nodes import nodes, routers
+from llmgw_ctl.status import explain_placement, models, replicas, retry, status
 from llmgw_ctl.store import store
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings=cli_common.CONTEXT)
+@cli_common.config_option
 @click.option(
-    "--config",
-    "config_path",
-    envvar="LLMGW_CONFIG",
-    type=click.Path(),
-    help="Config file (default /etc/llmgw/llmgw.toml).",
+    "--admin-url",
+    envvar="LLMGW_ADMIN_URL",
+    metavar="URL",
+    help="The scheduler's admin API (default http:// + scheduler.admin_listen).",
 )
-@click.version_option(__version__, "--version")
+@click.option(
+    "--token",
+    "admin_token",
+    envvar="LLMGW_ADMIN_TOKEN",
+    metavar="TOKEN",
+    help="Admin API token (default scheduler.admin_token, else <config_dir>/secrets/admin.token).",
+)
+@cli_common.version_option
 @click.pass_context
-def cli(ctx, config_path):
-    """Operate llmgw: keys, nodes, the store and the configuration.
+def cli(ctx, config_path, admin_url, admin_token):
+    """Operate llmgw: the fleet's state, keys, nodes, the store and the configuration.
 
     \b
     Examples:
+      llmgw status
+      llmgw explain-placement gemma3-270m
       llmgw keys create --name demo
       llmgw store migrate
       llmgw config example > llmgw.toml
     """
-    ctx.obj = State(config_path)
+    ctx.obj = State(config_path, admin_url or None, admin_token or None)
 
 
 cli.add_command(keys)
@@ -37,3 +47,8 @@ cli.add_command(store)
 cli.add_command(config)
 cli.add_command(nodes)
 cli.add_command(routers)
+cli.add_command(status)
+cli.add_command(models)
+cli.add_command(replicas)
+cli.add_command(explain_placement)
+cli.add_command(retry)

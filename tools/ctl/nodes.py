@@ -1,4 +1,4 @@
-"""`llmgw nodes` and `llmgw routers`: who may join the bus."""
+"""`llmgw nodes` and `llmgw routers`: who may join the bus, and (nodes) what each reports."""
 
 import time
 
@@ -6,7 +6,9 @@ import click
 
 from llmgw import bus
 from llmgw.store import BusPeer
+from llmgw_ctl.api import client
 from llmgw_ctl.common import pass_state, print_json, print_table, when
+from llmgw_ctl.status import print_nodes
 
 
 def peer_json(p: BusPeer) -> dict:
@@ -52,17 +54,19 @@ def _list(state, kind: str, as_json: bool) -> None:
 
 
 @click.group("nodes", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.pass_context
-def nodes(ctx):
-    """Nodes whose agents may join the bus (the default command is `list`).
+def nodes(ctx, as_json):
+    """Nodes: who may join the bus, and what each reports (the default command is `list`).
 
     \b
     Examples:
       llmgw nodes add gpu-01
-      llmgw nodes list --json | jq -r '.[].name'
+      llmgw nodes
+      llmgw nodes list --json | jq -r '.[] | select(.state!="up") | .name'
     """
     if ctx.invoked_subcommand is None:
-        ctx.invoke(nodes_list)
+        ctx.invoke(nodes_list, as_json=as_json)
 
 
 @nodes.command("add")
@@ -75,11 +79,16 @@ def nodes_add(state, name, as_json):
 
 
 @nodes.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @pass_state
 def nodes_list(state, as_json):
-    """Registered nodes."""
-    _list(state, "agent", as_json)
+    """Every node as the scheduler sees it now: registered ones that never reported
+    included ("never seen"), with memory, GPUs and replicas."""
+    body = client(state).get("/v1/nodes")
+    if as_json:
+        print_json(body)
+        return
+    print_nodes(body, time.time())
 
 
 @click.group("routers", invoke_without_command=True)

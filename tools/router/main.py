@@ -7,7 +7,7 @@ import click
 import uvloop
 from aiohttp import web
 
-from llmgw import __version__, bus, log
+from llmgw import bus, cli, log
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import migrate, open_store, redact
@@ -18,21 +18,8 @@ from llmgw_router.routing import Endpoint, RoutingTable, parse_endpoint_flag
 _log = log.get("llmgw.router")
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise click.BadParameter(f"{text!r}: want HOST:PORT, e.g. 127.0.0.1:8080")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--config",
-    "config_path",
-    envvar="LLMGW_CONFIG",
-    type=click.Path(),
-    help="Config file (default /etc/llmgw/llmgw.toml).",
-)
+@click.command(context_settings=cli.CONTEXT)
+@cli.config_option
 @click.option("--listen", help="HOST:PORT to serve on (overrides router.listen).")
 @click.option(
     "--endpoint",
@@ -41,7 +28,7 @@ def parse_listen(text: str) -> tuple[str, int]:
     metavar="ID=URL=MODEL[,MODEL]",
     help="An engine to route to, instead of [[router.endpoints]]. Repeatable.",
 )
-@click.version_option(__version__, "--version")
+@cli.version_option
 def main(config_path, listen, endpoints):
     """Serve the OpenAI-compatible API in front of the engines.
 
@@ -57,7 +44,7 @@ def main(config_path, listen, endpoints):
         raise click.ClickException(str(e)) from None
     log.setup("llmgw-router", cfg.log.level)
     try:
-        host, port = parse_listen(listen or cfg.router.listen)
+        host, port = cli.parse_listen(listen or cfg.router.listen)
         if endpoints:
             eps = [parse_endpoint_flag(e) for e in endpoints]
         else:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from prometheus_client import start_http_server
 
-from llmgw import __version__, bus, catalog, log
+from llmgw import bus, catalog, cli, log
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import ClusterSecret, migrate, open_store, redact
@@ -31,20 +31,9 @@ def cluster_secret() -> str:
     return row.value
 
 
-def split_listen(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return host or "127.0.0.1", int(port)
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--config",
-    "config_path",
-    envvar="LLMGW_CONFIG",
-    type=click.Path(),
-    help="Config file (default /etc/llmgw/llmgw.toml).",
-)
-@click.version_option(__version__, "--version")
+@click.command(context_settings=cli.CONTEXT)
+@cli.config_option
+@cli.version_option
 def main(config_path):
     """Place models on nodes, keep them running, and publish the routing table.
 
@@ -83,7 +72,7 @@ def main(config_path):
             f"cannot serve the admin API on {cfg.scheduler.admin_listen}: {e.strerror}"
         ) from None
     if cfg.scheduler.metrics_listen:
-        host, port = split_listen(cfg.scheduler.metrics_listen)
+        host, port = cli.parse_listen(cfg.scheduler.metrics_listen)
         if port:
             start_http_server(port, addr=host)
 

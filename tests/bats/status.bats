@@ -1,0 +1,138 @@
+#!/usr/bin/env bats
+# `llmgw status`, `models`, `explain-placement` and `retry` in shell pipelines, against a
+# real llmgw-scheduler with one model and no agent, so the model fits nowhere.
+
+bats_require_minimum_version 1.5.0
+
+# Run "$@" until it succeeds, for at most 15 s: a loaded machine loses every fixed sleep.
+eventually() {
+    local end=$((SECONDS + 15))
+    until "$@"; do
+        ((SECONDS < end)) || return 1
+        sleep 0.1
+    done
+}
+
+unplaceable() {
+    [ "$(llmgw models --json | jq -r '.[] | select(.state=="unplaceable") | .name')" = lonely ]
+}
+
+setup_file() {
+    ROOT="$(cd "$BATS_TEST_DIRNAME/../.." && pwd)"
+    export PATH="$ROOT/.venv/bin:$PATH"
+    export LLMGW_STORE="sqlite://$BATS_FILE_TMPDIR/llmgw.db"
+    export LLMGW_CONFIG="$BATS_FILE_TMPDIR/llmgw.toml"
+    unset LLMGW_ADMIN_URL LLMGW_ADMIN_TOKEN
+    read -r bus pub metrics admin closed < <(python -c '
+import socket
+socks = [socket.socket() for _ in range(5)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
+    export ADMIN_URL="http://127.0.0.1:$admin" CLOSED_URL="http://127.0.0.1:$closed"
+    : >"$BATS_FILE_TMPDIR/lonely.gguf"
+    cat >"$LLMGW_CONFIG" <<EOF
+[paths]
+config_dir = "$BATS_FILE_TMPDIR/etc"
+state_dir = "$BATS_FILE_TMPDIR/state"
+[scheduler]
+bus = "tcp://127.0.0.1:$bus"
+publish = "tcp://127.0.0.1:$pub"
+metrics_listen = "127.0.0.1:$metrics"
+admin_listen = "127.0.0.1:$admin"
+tick_s = 0.2
+settle_s = 0.5
+[[models]]
+name = "lonely"
+source = "$BATS_FILE_TMPDIR/lonely.gguf"
+[models.profile]
+memory_bytes = 1073741824
+EOF
+    # fd 3 closed, or bats waits for the scheduler to exit before running any test.
+    llmgw-scheduler >"$BATS_FILE_TMPDIR/scheduler.log" 2>&1 3>&- &
+    echo $! >"$BATS_FILE_TMPDIR/scheduler.pid"
+    if ! eventually llmgw models --json >/dev/null 2>&1; then
+        cat "$BATS_FILE_TMPDIR/scheduler.log" >&3
+        return 1
+    fi
+}
+
+teardown_file() {
+    local pid
+    pid=$(cat "$BATS_FILE_TMPDIR/scheduler.pid")
+    kill "$pid" 2>/dev/null || true
+    eventually eval "! kill -0 $pid 2>/dev/null" || kill -9 "$pid" 2>/dev/null || true
+}
+
+@test "a model that fits nowhere shows as unplaceable in models --json" {
+    eventually unplaceable
+}
+
+@test "status --json is one object with nodes, models and replicas" {
+    run llmgw status --json
+    [ "$status" -eq 0 ]
+    [ "$(echo "$output" | jq -r 'keys | join(",")')" = "models,nodes,replicas" ]
+    [ "$(echo "$output" | jq -r '.models[0] | "\(.name) \(.ready)/\(.min)"')" = "lonely 0/1" ]
+    [ "$(echo "$output" | jq '.replicas')" = "[]" ]
+}
+
+@test "status for people puts the unplaceable model first with why, and what to do on stderr" {
+    eventually unplaceable
+    run --separate-stderr llmgw status
+    [ "$status" -eq 0 ]
+    [[ "$output" == *$'\nMODELS\nNAME '*$'\nlonely '*"unplaceable  no nodes"* ]]
+    [ "$stderr" = "lonely fits no node: see \`llmgw explain-placement lonely\`" ]
+}
+
+@test "explain-placement --json has no choice when no node has reported" {
+    run llmgw explain-placement lonely --json
+    [ "$status" -eq 0 ]
+    [ "$(echo "$output" | jq -r '.choice')" = "null" ]
+    [ "$(echo "$output" | jq -r '.need.memory')" = "1073741824" ]
+    [ "$(echo "$output" | jq '.nodes')" = "[]" ]
+}
+
+@test "explain-placement of an unknown model exits 1 with one line" {
+    run --separate-stderr llmgw explain-placement nope
+    [ "$status" -eq 1 ]
+    [ "$output" = "" ]
+    [ "$stderr" = "Error: no model 'nope'" ]
+}
+
+@test "retry is queued: exit 0, and the word on stderr alone" {
+    run --separate-stderr llmgw retry lonely
+    [ "$status" -eq 0 ]
+    [ "$output" = "" ]
+    [ "$stderr" = "queued: retry lonely" ]
+}
+
+@test "replicas --model filters, and an empty answer is an empty array" {
+    run llmgw replicas --model lonely --json
+    [ "$status" -eq 0 ]
+    [ "$output" = "[]" ]
+}
+
+@test "a bad token exits 1 with one line naming where the token came from" {
+    LLMGW_ADMIN_TOKEN=wrong run --separate-stderr llmgw models --json
+    [ "$status" -eq 1 ]
+    [ "$output" = "" ]
+    [ "${#stderr_lines[@]}" -eq 1 ]
+    [[ "$stderr" == "Error: the scheduler at $ADMIN_URL refused the admin token from LLMGW_ADMIN_TOKEN "* ]]
+}
+
+@test "an unreachable scheduler exits 1 with one line naming its URL" {
+    LLMGW_ADMIN_URL=$CLOSED_URL run --separate-stderr llmgw status
+    [ "$status" -eq 1 ]
+    [ "$output" = "" ]
+    [ "$stderr" = "Error: cannot reach the scheduler at $CLOSED_URL: Connection refused (is llmgw-scheduler running? set --admin-url or LLMGW_ADMIN_URL)" ]
+}
+
+@test "a node registered with nodes add is listed live as never seen" {
+    llmgw nodes add gpu-01 --json >/dev/null
+    # shellcheck disable=SC2016
+    eventually bash -c '[ "$(llmgw nodes --json | jq -r ".[] | select(.state==\"never seen\") | .name")" = gpu-01 ]'
+    run llmgw nodes
+    [ "$status" -eq 0 ]
+    [[ "${lines[0]}" =~ ^NAME\ +STATE\ +MEMORY ]]
+    [[ "${lines[1]}" =~ ^gpu-01\ +never\ seen\ +- ]]
+}

@@ -1,0 +1,266 @@
+"""`llmgw status`, `models`, `replicas`, `explain-placement` and `retry`: the live fleet,
+as the scheduler's admin API reports it."""
+
+import time
+
+import click
+
+from llmgw.placement import size
+from llmgw_ctl.api import client, model_path
+from llmgw_ctl.common import pass_state, print_json, print_table
+
+# Model states an operator must act on; `backoff` heals itself but says why it is failing.
+NEEDS_ACTION = ("parked", "unplaceable")
+EXPLAINED = (*NEEDS_ACTION, "backoff")
+
+
+def gib(n) -> str:
+    return f"{(n or 0) / 2**30:.1f}"
+
+
+def age(ts: float | None, now: float) -> str:
+    """How long ago, in the largest unit that fits: 45s, 12m, 3h, 2d."""
+    if ts is None:
+        return "-"
+    s = max(0, int(now - ts))
+    for unit, per in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= per:
+            return f"{s // per}{unit}"
+    return f"{s}s"
+
+
+def last_line(text: str, limit: int = 120) -> str:
+    """An engine's reason is its output's tail; the last line is what went wrong."""
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def gpus_text(gpus: list) -> str:
+    if not gpus:
+        return "-"
+    free = sum(g.get("memory_free") or 0 for g in gpus)
+    total = sum(g.get("memory_total") or 0 for g in gpus)
+    return f"{len(gpus)} ({gib(free)}/{gib(total)} GiB free)"
+
+
+def print_nodes(nodes: list[dict], now: float) -> None:
+    """The NODE shape as aligned columns."""
+    print_table(
+        ["NAME", "STATE", "MEMORY GiB (FREE/TOTAL)", "GPUS", "REPLICAS", "LAST SEEN"],
+        [
+            [
+                n["name"],
+                n["state"],
+                f"{gib(n.get('memory_available'))}/{gib(n.get('memory_total'))}"
+                if n["state"] != "never seen"
+                else "-",
+                gpus_text(n.get("gpus") or []),
+                str(n.get("replicas", 0)),
+                age(n.get("last_seen"), now) + (" ago" if n.get("last_seen") else ""),
+            ]
+            for n in nodes
+        ],
+    )
+
+
+def print_models(models: list[dict], detail: bool = False) -> None:
+    """The MODEL shape as aligned columns, the ones that need an operator first."""
+    rows = []
+    for m in sorted(models, key=lambda m: m["state"] not in NEEDS_ACTION):
+        why = last_line(m.get("reason", "")) if m["state"] in EXPLAINED else ""
+        ready = f"{m.get('ready', 0)}/{m.get('min', 0)}"
+        if detail:
+            rows.append(
+                [
+                    m["name"],
+                    m.get("engine", ""),
+                    ready,
+                    str(m.get("max", "")),
+                    size(m["memory"]) if m.get("memory") else "-",
+                    m["state"],
+                    str(m.get("failures", 0)),
+                    why,
+                ]
+            )
+        else:
+            rows.append([m["name"], ready, m["state"], why])
+    if detail:
+        headers = ["NAME", "ENGINE", "READY/MIN", "MAX", "MEMORY", "STATE", "FAILURES", "REASON"]
+    else:
+        headers = ["NAME", "READY/MIN", "STATE", "REASON"]
+    print_table(headers, rows)
+
+
+def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> None:
+    """The REPLICA shape as aligned columns."""
+    if detail:
+        print_table(
+            ["ID", "MODEL", "NODE", "STATE", "ENDPOINT", "AGE", "RSS", "REASON"],
+            [
+                [
+                    r["id"],
+                    r["model"],
+                    r["node"],
+                    r["state"],
+                    r.get("endpoint") or "-",
+                    age(r.get("since"), now),
+                    size(r["rss"]) if r.get("rss") else "-",
+                    last_line(r.get("reason") or ""),
+                ]
+                for r in replicas
+            ],
+        )
+        return
+    print_table(
+        ["ID", "MODEL", "NODE", "STATE", "AGE"],
+        [[r["id"], r["model"], r["node"], r["state"], age(r.get("since"), now)] for r in replicas],
+    )
+
+
+def hint_actions(models: list[dict]) -> None:
+    """Say, on stderr, what to do about each model that will not come back by itself."""
+    for m in models:
+        if m["state"] == "parked":
+            click.echo(
+                f"{m['name']} is parked after {m.get('failures', 0)} failed starts:"
+                f" fix the cause, then `llmgw retry {m['name']}`",
+                err=True,
+            )
+        elif m["state"] == "unplaceable":
+            click.echo(
+                f"{m['name']} fits no node: see `llmgw explain-placement {m['name']}`", err=True
+            )
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's status object as is.")
+@pass_state
+def status(state, as_json):
+    """The live fleet: nodes, models and replicas.
+
+    Each model shows its ready replicas against its minimum. Models that are parked or
+    fit no node come first, with the reason, and what to do is said on stderr.
+
+    \b
+    Examples:
+      llmgw status
+      llmgw status --json | jq -r '.models[] | select(.state=="parked") | .name'
+      LLMGW_ADMIN_URL=http://sched-01:8081 llmgw status
+    """
+    body = client(state).get("/v1/status")
+    if as_json:
+        print_json(body)
+        return
+    now = time.time()
+    click.echo("NODES")
+    print_nodes(body["nodes"], now)
+    click.echo("\nMODELS")
+    print_models(body["models"])
+    click.echo("\nREPLICAS")
+    print_replicas(body["replicas"], now)
+    hint_actions(body["models"])
+
+
+@click.group("models", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.pass_context
+def models(ctx, as_json):
+    """Models and their state (the default command is `list`).
+
+    \b
+    Examples:
+      llmgw models
+      llmgw models --json | jq -r '.[] | select(.state=="unplaceable") | .name'
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(models_list, as_json=as_json)
+
+
+@models.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def models_list(state, as_json):
+    """Every configured model: replicas ready against its minimum, state, and why."""
+    body = client(state).get("/v1/models")
+    if as_json:
+        print_json(body)
+        return
+    print_models(body, detail=True)
+    hint_actions(body)
+
+
+@click.command("replicas")
+@click.option("--model", help="Only this model's replicas.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def replicas(state, model, as_json):
+    """Replicas: where each runs, its state, endpoint and age.
+
+    \b
+    Examples:
+      llmgw replicas --model gemma3-270m
+      llmgw replicas --json | jq -r '.[] | select(.state!="ready") | .id'
+    """
+    body = client(state).get("/v1/replicas", model=model)
+    if as_json:
+        print_json(body)
+        return
+    print_replicas(body, time.time(), detail=True)
+
+
+@click.command("explain-placement")
+@click.argument("model")
+@click.option("--json", "as_json", is_flag=True, help="Print the placement as JSON.")
+@pass_state
+def explain_placement(state, model, as_json):
+    """Which node MODEL would go to, and why not each of the others.
+
+    The scheduler's own placement, run now against what the nodes last reported.
+
+    \b
+    Examples:
+      llmgw explain-placement gemma3-270m
+      llmgw explain-placement gemma3-270m --json | jq -r '.nodes[] | select(.fits|not) | .reason'
+    """
+    body = client(state).get(model_path(model, "placement"))
+    if as_json:
+        print_json(body)
+        return
+    need = body.get("need") or {}
+    gpus = need.get("gpus") or 0
+    click.echo(
+        f"{body['model']} needs {size(need.get('memory') or 0)}"
+        f"{f' on {gpus} GPU' + 's' * (gpus != 1) if gpus else ''}"
+        f" and engine {need.get('engine', '?')}"
+    )
+    if body["nodes"]:
+        print_table(
+            ["NODE", "FITS", "WHY NOT"],
+            [[n["name"], "yes" if n["fits"] else "no", n.get("reason", "")] for n in body["nodes"]],
+        )
+    else:
+        click.echo("no node has reported to the scheduler")
+    if body.get("choice"):
+        install = " (after installing the engine there)" if body.get("install") else ""
+        click.echo(f"choice: {body['choice']}{install}")
+    else:
+        click.echo("choice: none; it fits no node")
+
+
+@click.command("retry")
+@click.argument("model")
+@pass_state
+def retry(state, model):
+    """Unpark MODEL and forget its failed starts.
+
+    The scheduler starts it again on its next pass; the change is queued, so success
+    means the scheduler accepted it, not that the model is serving yet.
+
+    \b
+    Examples:
+      llmgw retry gemma3-270m
+      llmgw models --json | jq -r '.[] | select(.state=="parked") | .name' | xargs -n1 llmgw retry
+    """
+    body = client(state).post(model_path(model, "retry"))
+    click.echo(f"queued: {body.get('queued', 'retry')} {body.get('model', model)}", err=True)

@@ -187,6 +187,13 @@ class Config:
         url = os.environ.get("LLMGW_STORE") or self.store.url
         return url or f"sqlite://{Path(self.paths.state_dir).absolute()}/llmgw.db"
 
+    def backup_dir(self) -> Path:
+        """Where archives go: backup.dir (relative to this file), else paths.backup_dir."""
+        if self.backup.dir:
+            base = Path(self.source).absolute().parent if self.source else Path.cwd()
+            return base / self.backup.dir
+        return Path(self.paths.backup_dir)
+
     def curve_dir(self) -> Path:
         return Path(self.paths.config_dir) / "pki" / "curve"
 

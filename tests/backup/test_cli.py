@@ -6,7 +6,7 @@ import stat
 import tarfile
 from pathlib import Path
 
-from llmgw_backup import archive
+from llmgw import backups as archive
 from tests.backup.conftest import backup, engine_secret, failed_with_one_line, ok
 from tests.helpers import llmgw
 

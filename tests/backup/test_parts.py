@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_backup import archive, bundle, postgres
+from llmgw import backups as archive
+from llmgw_backup import bundle, postgres
 from llmgw_backup.errors import ArchiveError, BackupError
 from tests.backup.conftest import backup, ok
 

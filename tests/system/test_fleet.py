@@ -4,6 +4,8 @@ import os
 import signal
 import time
 
+import requests
+
 from tests.helpers import eventually
 from tests.system.conftest import GiB
 
@@ -22,6 +24,12 @@ def test_a_model_is_placed_on_the_node_where_it_fits_and_served(served):
         lambda: served.metric('llmgw_model_replicas_ready{model="m"}') == 1, what="the ready metric"
     )
     assert served.metric("llmgw_nodes_up") == 2
+    assert served.metric('llmgw_model_parked{model="m"}') == 0
+    # No backup was ever made: the metric says 0, so "backup too old" can fire.
+    assert (
+        "llmgw_backup_last_success_timestamp_seconds 0.0"
+        in requests.get(f"http://127.0.0.1:{served.sched_metrics}/metrics", timeout=5).text
+    )
 
 
 def test_an_agent_killed_hard_leaves_its_engine_serving_and_adopts_it_on_restart(served):
@@ -143,6 +151,10 @@ def test_a_model_that_always_fails_is_parked_and_clients_are_told_why_at_once(cl
     assert "Retry-After" not in resp.headers
     assert resp.headers["x-should-retry"] == "false"
     assert "bad magic" in resp.json()["error"]["message"]
+    eventually(
+        lambda: cluster.metric('llmgw_model_parked{model="doomed"}') == 1, what="the parked metric"
+    )
+    assert cluster.metric('llmgw_model_replicas_ready{model="doomed"}') == 0
     # Parked means parked: no more starts through many more passes (tick_s is 0.2 s).
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:

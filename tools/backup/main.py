@@ -8,10 +8,11 @@ from pathlib import Path
 
 import click
 
+from llmgw import backups as archive
 from llmgw import cli, log
 from llmgw import config as configmod
 from llmgw.errors import Error
-from llmgw_backup import archive, restore, run, verify
+from llmgw_backup import restore, run, verify
 
 
 class State:
@@ -30,11 +31,7 @@ class State:
         """--dir, else backup.dir (relative to the config file), else paths.backup_dir."""
         if asked:
             return Path(asked).absolute()
-        cfg = self.cfg
-        if cfg.backup.dir:
-            base = Path(cfg.source).absolute().parent if cfg.source else Path.cwd()
-            return base / cfg.backup.dir
-        return Path(cfg.paths.backup_dir)
+        return self.cfg.backup_dir()
 
 
 pass_state = click.make_pass_decorator(State)

@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from llmgw import __version__, log
+from llmgw import backups as archive
 from llmgw.config import Config
 from llmgw.store import redact
-from llmgw_backup import archive, bundle, stores
+from llmgw_backup import bundle, stores
 from llmgw_backup.errors import BackupError
 
 _log = log.get("llmgw.backup")

@@ -12,6 +12,7 @@ from llmgw import bus, catalog, cli, log
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import ClusterSecret, migrate, open_store, redact
+from llmgw_scheduler import metrics
 from llmgw_scheduler.admin import admin_token
 from llmgw_scheduler.admin import serve as serve_admin
 from llmgw_scheduler.needs import Needs
@@ -71,6 +72,7 @@ def main(config_path):
         raise click.ClickException(
             f"cannot serve the admin API on {cfg.scheduler.admin_listen}: {e.strerror}"
         ) from None
+    metrics.watch_backups(cfg.backup_dir())
     if cfg.scheduler.metrics_listen:
         host, port = cli.parse_listen(cfg.scheduler.metrics_listen)
         if port:

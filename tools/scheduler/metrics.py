@@ -14,7 +14,35 @@ INSTALLS = Gauge(
     "llmgw_node_engine_install", "Engine installs per node", ["node", "engine", "state"]
 )
 
+PARKED = Gauge(
+    "llmgw_model_parked", "1 while a model is parked after repeated failed starts", ["model"]
+)
+UNPLACEABLE = Gauge(
+    "llmgw_model_unplaceable", "1 while a model below min fits on no node", ["model"]
+)
+START_FAILURES = Gauge(
+    "llmgw_model_start_failures",
+    "Failed starts in a row (0 after a replica becomes ready)",
+    ["model"],
+)
+BACKUP = Gauge(
+    "llmgw_backup_last_success_timestamp_seconds",
+    "When the newest backup archive was written (0: never)",
+)
+
 _STATES = ("pending", "starting", "ready", "draining", "stopping")
+
+
+def watch_backups(directory) -> None:
+    """Read the backup directory at every scrape: 0 until there is an archive, so an
+    alert on its age fires even when there has never been one."""
+    from llmgw.backups import newest
+
+    def last() -> float:
+        found = newest(directory)
+        return found[1] if found else 0.0
+
+    BACKUP.set_function(last)
 
 
 def observe(sched) -> None:
@@ -37,3 +65,7 @@ def observe(sched) -> None:
     for name, m in sched.models.items():
         READY.labels(name).set(counts.get((name, "ready"), 0))
         DESIRED.labels(name).set(m.min)
+        PARKED.labels(name).set(1 if name in sched.parked else 0)
+        UNPLACEABLE.labels(name).set(1 if name in sched.unplaceable else 0)
+        b = sched.backoff.get(name)
+        START_FAILURES.labels(name).set(b.failures if b else 0)

@@ -84,6 +84,9 @@ class SchedulerConfig:
     snapshot_s: float = 3.0
     # After a start, how long before an engine that is not ready counts as failed.
     start_timeout_s: float = 600.0
+    # `llmgw drain`: a replica on a draining node is stopped once the model has enough
+    # ready replicas elsewhere, or after this long regardless.
+    drain_grace_s: float = 600.0
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0
     # After its own start, wait this long for agents to report before starting anything,

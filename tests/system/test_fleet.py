@@ -1,5 +1,6 @@
 """Scheduler, agents and router together: placement, and surviving crashes of each piece."""
 
+import json
 import os
 import signal
 import time
@@ -159,3 +160,30 @@ def test_a_model_that_always_fails_is_parked_and_clients_are_told_why_at_once(cl
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         assert cluster.scheduler.log().count("start_replica") == 5
+
+
+def test_draining_a_node_moves_its_replicas_without_an_outage(cluster, api_key):
+    cluster.add_model("m", memory=GiB)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)
+    cluster.start_router(api_key[1])
+    eventually(lambda: cluster.serves("m"), timeout=30, what="m to be served on node-a")
+    cluster.start_agent("node-b", memory=2 * GiB)
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 2, what="node-b to join")
+    assert cluster.shards("node-b") == []
+
+    result = cluster.ctl("drain", "node-a")
+    assert result.returncode == 0 and "queued: drain node-a" in result.stderr
+    # Poll throughout: the model must never stop answering while its replica moves.
+    deadline = time.monotonic() + 60
+    while cluster.shards("node-a") or not only_shard(cluster, "node-b"):
+        assert time.monotonic() < deadline, "the replica did not move to node-b"
+        assert cluster.serves("m"), "the model stopped answering during the drain"
+    assert cluster.serves("m")
+    nodes = {n["name"]: n["state"] for n in json.loads(cluster.ctl("nodes", "--json").stdout)}
+    assert nodes == {"node-a": "draining", "node-b": "up"}
+    assert cluster.ctl("undrain", "node-a").returncode == 0
+    eventually(
+        lambda: json.loads(cluster.ctl("nodes", "--json").stdout)[0]["state"] == "up",
+        what="node-a to be undrained",
+    )

@@ -5,6 +5,7 @@ import click
 from llmgw import cli as cli_common
 from llmgw_ctl.common import State
 from llmgw_ctl.config import config
+from llmgw_ctl.drain import drain, undrain
 from llmgw_ctl.keys import keys
 from llmgw_ctl.nodes import nodes, routers
 from llmgw_ctl.status import explain_placement, models, replicas, retry, status
@@ -45,6 +46,8 @@ def cli(ctx, config_path, admin_url, admin_token):
 cli.add_command(keys)
 cli.add_command(store)
 cli.add_command(config)
+cli.add_command(drain)
+cli.add_command(undrain)
 cli.add_command(nodes)
 cli.add_command(routers)
 cli.add_command(status)

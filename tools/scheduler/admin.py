@@ -43,7 +43,8 @@ class View:
 
     def node(self, n) -> dict:
         return {
-            "name": n.id, "state": "lost" if n.lost else "up", "cpus": n.cpus,
+            "name": n.id, "state": "lost" if n.lost else "draining" if n.draining else "up",
+            "cpus": n.cpus,
             "memory_total": n.memory_total, "memory_available": n.memory_available,
             "gpus": n.gpus, "engines": n.engines,
             "replicas": sum(1 for r in self.s.inv.replicas.values() if r.node == n.id),
@@ -162,6 +163,19 @@ class Handler(BaseHTTPRequestHandler):
                 s.wake = True
             _log.info("admin_change", action="retry", model=parts[2], client=self.client_address[0])
             return self._send(202, {"model": parts[2], "queued": "retry"})
+        if len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] in ("drain", "undrain"):
+            node, action = parts[2], parts[3]
+            with s.lock:
+                if node not in s.inv.nodes and node not in s.registered_nodes:
+                    return self._error(404, "node_not_found", f"no node '{node}'")
+                if action == "drain":
+                    s.drain(node, s.clock())
+                else:
+                    s.undrain(node)
+                s.wake = True
+                s.routes_dirty = True
+            _log.info("admin_change", action=action, node=node, client=self.client_address[0])
+            return self._send(202, {"node": node, "queued": action})
         self._error(404, "not_found", f"no such endpoint: POST {self.path}")
 
 

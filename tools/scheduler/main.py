@@ -61,6 +61,7 @@ def main(config_path):
         needs.estimate(m)
     sched = Scheduler(cfg, models, secret, needs)
     sched.load_parked()
+    sched.load_drained()
     try:
         loop = Loop(sched, keys, cfg)
     except Error as e:

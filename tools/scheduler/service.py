@@ -17,7 +17,7 @@ from llmgw import apikeys, bus, log
 from llmgw.catalog import Model
 from llmgw.placement import NodeView
 from llmgw.reconciler import Backoff, Desired, ReplicaView, after_failure, after_success, reconcile
-from llmgw.store import BusPeer, ParkedModel
+from llmgw.store import BusPeer, DrainedNode, ParkedModel
 from llmgw_scheduler import metrics
 from llmgw_scheduler.inventory import LIVE, Inventory, Replica
 from llmgw_scheduler.needs import Needs
@@ -54,6 +54,7 @@ class Scheduler:
         self._unplaceable_logged: dict[str, float] = {}
         self.last_error: dict[str, str] = {}  # model -> its last failed start's reason
         self.registered_nodes: list[str] = []  # from the store, for `llmgw nodes`
+        self.drained: dict[str, float] = {}  # node -> draining since
         self.parked: dict[str, ParkedModel] = {}
         # The admin API reads and changes this object from its own thread.
         self.lock = threading.RLock()
@@ -72,7 +73,7 @@ class Scheduler:
                     node=sender,
                     memory_gib=_gib((body.get("resources") or {}).get("memory_available", 0)),
                 )
-            self.inv.node_report(sender, body, now)
+            self.inv.node_report(sender, body, now).draining = sender in self.drained
             changed, vanished = self.inv.shards_report(
                 sender, body.get("shards") or [], now, grace_s=self.cfg.start_timeout_s
             )
@@ -139,6 +140,47 @@ class Scheduler:
         m = self.models.get(model)
         if m is not None and b.failures >= PARK_AFTER and model not in self.parked:
             self._park(m, b.failures, now)
+
+    # -- draining ------------------------------------------------------------------------
+
+    def load_drained(self) -> None:
+        for row in DrainedNode.select():
+            self.drained[row.name] = row.since
+
+    def drain(self, node: str, now: float) -> None:
+        DrainedNode.insert(name=node, since=now).on_conflict_ignore().execute()
+        self.drained.setdefault(node, now)
+        if node in self.inv.nodes:
+            self.inv.nodes[node].draining = True
+        _log.info("node_draining", node=node, replicas=len(self.inv.on_node(node)))
+
+    def undrain(self, node: str) -> None:
+        DrainedNode.delete().where(DrainedNode.name == node).execute()
+        self.drained.pop(node, None)
+        if node in self.inv.nodes:
+            self.inv.nodes[node].draining = False
+        _log.info("node_undrained", node=node)
+
+    def _drain_pass(self, now: float) -> None:
+        """Stop replicas on draining nodes that are no longer needed: each once its model
+        keeps `min` ready replicas without it, or once the grace period is over."""
+        lost = {n.id for n in self.inv.nodes.values() if n.lost}
+        ready: dict[str, int] = {}
+        for r in self.inv.replicas.values():
+            if r.state == "ready" and r.node not in lost:
+                ready[r.model] = ready.get(r.model, 0) + 1
+        leaving = sorted(
+            (r for r in self.inv.replicas.values() if r.node in self.drained and r.state in LIVE),
+            key=lambda r: r.since,
+        )
+        for r in leaving:
+            m = self.models.get(r.model)
+            overdue = now - self.drained[r.node] >= self.cfg.drain_grace_s
+            if r.state != "ready":
+                self._stop(r.id, now)  # not serving anyway
+            elif m is None or overdue or ready.get(r.model, 0) - 1 >= m.min:
+                ready[r.model] = ready.get(r.model, 0) - 1
+                self._stop(r.id, now)
 
     # -- parking -------------------------------------------------------------------------
 
@@ -224,10 +266,12 @@ class Scheduler:
             for m in self.models.values()
             if m.name not in self.parked
         ]
+        # Replicas on draining nodes do not count, so replacements start elsewhere; the
+        # drain pass stops each once it is no longer needed.
         views = [
             ReplicaView(r.id, r.model, r.node, r.state, r.since)
             for r in self.inv.replicas.values()
-            if r.state in LIVE
+            if r.state in LIVE and r.node not in self.drained
         ]
         decisions = reconcile(desired, views, self.node_views(), self.backoff, now)
         for model, node, install in decisions.starts:
@@ -237,6 +281,7 @@ class Scheduler:
                 self._start(model, node, now)
         for rid in decisions.stops:
             self._stop(rid, now)
+        self._drain_pass(now)
         self._report_unplaceable(decisions.unplaceable)
         metrics.observe(self)
 

@@ -15,6 +15,7 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     ApiKey,
     BusPeer,
     ClusterSecret,
+    DrainedNode,
     MeasuredCapacity,
     ParkedModel,
     Usage,

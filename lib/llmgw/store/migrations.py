@@ -25,7 +25,11 @@ def m003_parking(db: peewee.Database) -> None:
     db.create_tables([m.ParkedModel])
 
 
-MIGRATIONS = [m001_initial, m002_scheduler, m003_parking]
+def m004_drains(db: peewee.Database) -> None:
+    db.create_tables([m.DrainedNode])
+
+
+MIGRATIONS = [m001_initial, m002_scheduler, m003_parking, m004_drains]
 
 
 def _applied(db: peewee.Database) -> set[str]:

@@ -113,4 +113,23 @@ class ParkedModel(BaseModel):
         table_name = "parked_models"
 
 
-ALL_MODELS = [Migration, ApiKey, Usage, BusPeer, ClusterSecret, MeasuredCapacity, ParkedModel]
+class DrainedNode(BaseModel):
+    """A node being emptied (`llmgw drain`): nothing new is placed there."""
+
+    name = peewee.CharField(primary_key=True, max_length=200)
+    since = peewee.DoubleField()
+
+    class Meta:
+        table_name = "drained_nodes"
+
+
+ALL_MODELS = [
+    Migration,
+    ApiKey,
+    Usage,
+    BusPeer,
+    ClusterSecret,
+    MeasuredCapacity,
+    ParkedModel,
+    DrainedNode,
+]

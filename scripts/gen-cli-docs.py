@@ -1,4 +1,5 @@
-"""Write docs/cli.md from the commands' own --help, so the reference never drifts.
+"""Write docs/cli.md from the commands' own --help, and the example config into
+docs/configuration.md, so the reference never drifts.
 
 python scripts/gen-cli-docs.py           rewrite docs/cli.md
 python scripts/gen-cli-docs.py --check   exit 1 if docs/cli.md is stale
@@ -48,10 +49,24 @@ def render() -> str:
     return "\n".join(parts)
 
 
+CONFIG_DOC = OUT.parent / "configuration.md"
+
+
+def render_config() -> str:
+    """docs/configuration.md: its prose, then the example config as it is."""
+    from llmgw import config
+
+    text = CONFIG_DOC.read_text()
+    head = text[: text.index("```toml\n") + len("```toml\n")]
+    return head + config.example() + "```\n"
+
+
 if __name__ == "__main__":
-    text = render()
+    pages = {OUT: render(), CONFIG_DOC: render_config()}
     if "--check" in sys.argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            sys.exit(f"{OUT} is stale: run `make docs`")
+        stale = [str(p) for p, text in pages.items() if not p.exists() or p.read_text() != text]
+        if stale:
+            sys.exit(f"{', '.join(stale)} stale: run `make docs`")
         sys.exit(0)
-    OUT.write_text(text)
+    for path, text in pages.items():
+        path.write_text(text)

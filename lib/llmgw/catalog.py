@@ -33,6 +33,7 @@ class Model:
     memory_bytes: int
     min: int
     max: int
+    keep_alive_s: float
     fallbacks: tuple[str, ...]
 
     @property
@@ -122,13 +123,15 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
         if m.engine == "vllm" and p.gpus == 0:
             raise bad("profile.gpus", "must be at least 1 for the vllm engine")
         s = m.scaling
+        if s.keep_alive_s < 0:
+            raise bad("scaling.keep_alive_s", "must not be negative")
         if s.min < 0 or s.max < 1 or s.min > s.max:
             raise bad("scaling", f"min {s.min} / max {s.max}: want 0 <= min <= max, max >= 1")
         out.append(Model(
             name=m.name, aliases=tuple(m.aliases), source=m.source, sha256=m.sha256,
             engine=m.engine, engine_version=m.engine_version, context=p.context,
             parallel=p.parallel, gpus=p.gpus, args=tuple(p.args), memory_bytes=p.memory_bytes,
-            min=s.min, max=s.max,
+            min=s.min, max=s.max, keep_alive_s=s.keep_alive_s,
             fallbacks=tuple(m.fallbacks),
         ))  # fmt: skip
     for model in out:

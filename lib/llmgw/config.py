@@ -66,8 +66,13 @@ class RouterConfig:
     endpoints: list[EndpointConfig] = field(default_factory=list)
     # The schedulers' routing-table feeds (PUB sockets); empty: static endpoints only.
     schedulers: list[str] = field(default_factory=list)
+    # The schedulers' bus sockets, where this router asks for on-demand models and says
+    # which models are in use (empty: it never asks).
+    scheduler_bus: list[str] = field(default_factory=list)
     # This router's name on the bus: its CURVE keypair is <config_dir>/pki/curve/NAME.key.
     bus_name: str = "router"
+    # How long a request for a model that is not up yet waits for it (then 503).
+    activation_window_s: float = 60.0
 
 
 @dataclass
@@ -139,6 +144,8 @@ class ProfileConfig:
 class ScalingConfig:
     min: int = 1
     max: int = 1
+    # With min = 0: how long after its last request the model is stopped.
+    keep_alive_s: float = 300.0
 
 
 @dataclass

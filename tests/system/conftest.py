@@ -76,6 +76,7 @@ class Cluster:
         engine: str = "fake",
         version: str = "1",
         profile: str = "",
+        keep_alive: float = 300.0,
     ) -> None:
         """A model for the fake engine, unless `engine`, `source` and `profile` (TOML lines
         for [models.profile]) say otherwise."""
@@ -89,6 +90,7 @@ class Cluster:
                 "engine": engine,
                 "version": version,
                 "profile": profile,
+                "keep_alive": keep_alive,
             }
         )
 
@@ -103,6 +105,7 @@ class Cluster:
                 f'engine = "{m["engine"]}"\nengine_version = "{m["version"]}"\n'
                 f"[models.profile]\n{memory}{m['profile']}"
                 f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"
+                f"keep_alive_s = {m['keep_alive']}\n"
             )
         return "".join(out)
 
@@ -168,6 +171,7 @@ class Cluster:
         cfg.write_text(
             self._common(self.tmp / "router-state")
             + f'[router]\nlisten = "127.0.0.1:{port}"\nschedulers = ["{self.pub}"]\n'
+            f'scheduler_bus = ["{self.bus}"]\nactivation_window_s = 20.0\n'
             'bus_name = "router"\nkey_refresh_s = 0.2\ncooldown_s = 0.5\n'
         )
         self.router_url = f"http://127.0.0.1:{port}"

@@ -187,3 +187,29 @@ def test_draining_a_node_moves_its_replicas_without_an_outage(cluster, api_key):
         lambda: json.loads(cluster.ctl("nodes", "--json").stdout)[0]["state"] == "up",
         what="node-a to be undrained",
     )
+
+
+def test_an_on_demand_model_starts_when_asked_for_and_stops_when_idle(cluster, api_key):
+    import openai
+
+    cluster.add_model("lazy", memory=GiB, min_=0, keep_alive=3.0)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)
+    cluster.start_router(api_key[1])
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    assert cluster.shards("node-a") == [], "an on-demand model does not start by itself"
+
+    # The first request waits while the model is placed and started, then is answered.
+    client = openai.OpenAI(
+        base_url=cluster.router_url + "/v1", api_key=cluster.secret, max_retries=0, timeout=30
+    )
+    reply = client.chat.completions.create(
+        model="lazy", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert reply.choices[0].message.content
+    assert len(cluster.shards("node-a")) == 1
+    assert "model_wanted" in cluster.scheduler.log()
+
+    # Idle past its keep-alive, it is stopped.
+    eventually(lambda: cluster.shards("node-a") == [], timeout=30, what="the idle stop")
+    assert cluster.engine_pids() == set()

@@ -39,7 +39,15 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
         pool = Pool(connect_timeout=rc.connect_timeout_s, total_timeout=rc.upstream_timeout_s)
         app["pool"] = pool
         app["proxy"] = Proxy(
-            table, keys, usage, pool, rc.max_body_bytes, rc.retries, rc.keepalive_interval_s
+            table,
+            keys,
+            usage,
+            pool,
+            rc.max_body_bytes,
+            rc.retries,
+            rc.keepalive_interval_s,
+            activation_s=rc.activation_window_s,
+            feed=feed,
         )
         if feed is not None:
             loop = asyncio.get_running_loop()

@@ -5,6 +5,8 @@ A background thread holds a CURVE SUB socket to every configured scheduler. Each
 scheduler reachable, the last table keeps serving.
 """
 
+import os
+import queue
 import threading
 import time
 
@@ -17,6 +19,8 @@ _log = log.get("llmgw.router.feed")
 
 # Schedulers publish the whole table every few seconds (scheduler.snapshot_s, 3 s).
 SILENCE_S = 10.0
+# How often the schedulers hear which models were used, so idle on-demand models stop.
+ACTIVITY_S = 2.0
 
 
 def endpoints_from(body: dict, static: list[Endpoint] = ()) -> list[Endpoint]:
@@ -39,6 +43,8 @@ class Feed:
         server_public: str,
         static: list[Endpoint] = (),
         apply=None,
+        bus_endpoints: list[str] = (),
+        name: str = "router",
     ):
         self.table = table
         self.schedulers = schedulers
@@ -51,6 +57,14 @@ class Feed:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ctx: zmq.Context | None = None
+        # The schedulers' bus sockets, for `want` and `activity` (empty: none sent).
+        self.bus_endpoints = list(bus_endpoints)
+        self.name = name
+        self.last_used: dict[str, float] = {}  # model -> wall time of its last request
+        self._wants: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
 
     def handle(self, data: bytes) -> bool:
         """Apply one message; False if it was not a routes table we could use."""
@@ -75,32 +89,93 @@ class Feed:
         self.apply(eps, known)
         return True
 
+    # -- wants and activity: the router's side of on-demand models ---------------------
+
+    def want(self, model: str) -> None:
+        """Ask the schedulers to bring `model` up now. Called on the event loop: the
+        feed thread owns the sockets, so hand it over and wake it."""
+        self._wants.put(model)
+        try:
+            os.write(self._wake_w, b"w")
+        except BlockingIOError:
+            pass  # already woken
+
+    def used(self, model: str, now: float) -> None:
+        """Note a request for `model` (the request path: one dict store)."""
+        self.last_used[model] = now
+
+    def _send(self, dealers, kind: str, body: dict) -> None:
+        data = bus.encode(kind, self.name, body)
+        for d in dealers:
+            try:
+                d.send(data, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # that scheduler is unreachable now; wants are re-sent on demand
+
+    def _send_wants(self, dealers) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        wanted = set()
+        while not self._wants.empty():
+            wanted.add(self._wants.get_nowait())
+        for model in wanted:
+            self._send(dealers, "want", {"model": model})
+
+    def _send_activity(self, dealers) -> None:
+        """Seconds since each model's last request: relative, so clocks need not agree."""
+        if self.last_used:
+            now = time.time()
+            idle = {m: round(max(0.0, now - t), 3) for m, t in list(self.last_used.items())}
+            self._send(dealers, "activity", {"idle_s": idle})
+
+    # -- the thread ------------------------------------------------------------------------
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            sock = bus.connect(self.ctx, zmq.SUB, self.schedulers, self.keys, self.server_public)
+            sub = bus.connect(self.ctx, zmq.SUB, self.schedulers, self.keys, self.server_public)
+            dealers = [
+                bus.connect(self.ctx, zmq.DEALER, [ep], self.keys, self.server_public,
+                            identity=self.name)
+                for ep in self.bus_endpoints
+            ]  # fmt: skip
             try:
-                self._listen(sock)
+                self._listen(sub, dealers)
             finally:
-                sock.close(0)
+                sub.close(0)
+                for d in dealers:
+                    d.close(0)
 
-    def _listen(self, sock) -> None:
-        """Apply tables until stopped, or until the schedulers have been silent so long
-        that the connection is likely dead: libzmq never retries a connection the server
-        refused (say, while this router's key was not yet registered), so start afresh."""
+    def _listen(self, sub, dealers) -> None:
+        """Apply tables and pass on wants until stopped, or until the schedulers have been
+        silent so long that the connection is likely dead: libzmq never retries a
+        connection the server refused (say, while this router's key was not yet
+        registered), so start afresh."""
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        poller.register(sub, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         last = time.monotonic()
+        next_activity = last + ACTIVITY_S
         while not self._stop.is_set():
-            if not poller.poll(200):
-                if time.monotonic() - last > SILENCE_S:
+            events = dict(poller.poll(200))
+            now = time.monotonic()
+            if self._wake_r in events:
+                self._send_wants(dealers)
+            if now >= next_activity:
+                self._send_activity(dealers)
+                next_activity = now + ACTIVITY_S
+            if sub not in events:
+                if now - last > SILENCE_S:
                     _log.warning("schedulers_silent", seconds=SILENCE_S, action="reconnecting")
                     return
                 continue
-            data = sock.recv()
+            data = sub.recv()
             # Only the newest table matters: skip any that queued up behind it.
-            while poller.poll(0):
-                data = sock.recv()
-            last = time.monotonic()
+            while sub.poll(0):
+                data = sub.recv()
+            last = now
             self.handle(data)
 
     def start(self) -> None:
@@ -114,3 +189,5 @@ class Feed:
             self._thread.join(timeout=5)
         if self.ctx is not None:
             self.ctx.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)

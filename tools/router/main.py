@@ -69,7 +69,15 @@ def main(config_path, listen, endpoints):
             server_public = bus.load_public(cfg.curve_dir(), bus.SCHEDULER)
         except Error as e:
             raise click.ClickException(str(e)) from None
-        feed = Feed(table, cfg.router.schedulers, keys, server_public, static=eps)
+        feed = Feed(
+            table,
+            cfg.router.schedulers,
+            keys,
+            server_public,
+            static=eps,
+            bus_endpoints=cfg.router.scheduler_bus,
+            name=cfg.router.bus_name,
+        )
     app = build(cfg, table, db, feed)
     _log.info(
         "starting",

@@ -68,6 +68,8 @@ class Proxy:
         max_body_bytes: int,
         retries: int,
         keepalive_interval_s: float,
+        activation_s: float = 0.0,
+        feed=None,
     ):
         self.table = table
         self.keys = keys
@@ -76,6 +78,8 @@ class Proxy:
         self.max_body = max_body_bytes
         self.retries = retries
         self.keepalive_s = keepalive_interval_s
+        self.activation_s = activation_s
+        self.feed = feed  # the scheduler feed: wants and activity go through it
 
     # -- authorisation ---------------------------------------------------------------
 
@@ -157,8 +161,11 @@ class Proxy:
                 key.id,
                 model,
             )
+        if self.feed is not None:
+            self.feed.used(model, time.time())
         if not self.table.serves(model) and self.table.knows(model):
-            return self.reject(self.not_ready(model, rid), t0, rid, key.id, model)
+            if not await self.activate(model):
+                return self.reject(self.not_ready(model, rid), t0, rid, key.id, model)
         if not self.table.serves(model):
             return self.reject(
                 api_error(
@@ -197,6 +204,18 @@ class Proxy:
         finally:
             metrics.IN_FLIGHT.dec()
             call.account()
+
+    async def activate(self, model: str) -> bool:
+        """Ask the scheduler for a model that has no ready replica and hold the request
+        up to the activation window while it comes up. A parked or unplaceable model is
+        asked for too — room may have been made since — but the client is answered at
+        once, not kept waiting on a stale answer."""
+        if self.feed is not None:
+            self.feed.want(model)
+        state, _ = self.table.status(model) or ("starting", "")
+        if state in ("parked", "unplaceable") or self.activation_s <= 0:
+            return False
+        return await self.table.wait_served(model, self.activation_s)
 
     def not_ready(self, model: str, rid: str) -> web.Response:
         """A catalog model with no ready replica: wait for one that is coming, or hear at

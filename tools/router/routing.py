@@ -45,6 +45,7 @@ class RoutingTable:
         self._by_model: dict[str, list[Endpoint]] = {}
         self._by_id: dict[str, Endpoint] = {}
         self._known: dict[str, tuple[str, str]] = {}
+        self._waiters: dict[str, list] = {}  # model -> futures of requests waiting for it
         self._turn = 0
         self.replace(list(endpoints))
 
@@ -67,6 +68,28 @@ class RoutingTable:
                 by_model.setdefault(model, []).append(ep)
         self._by_id, self._by_model = by_id, by_model
         self._known = dict(known or {})
+        for model in [m for m in self._waiters if m in by_model]:
+            for fut in self._waiters.pop(model):
+                if not fut.done():
+                    fut.set_result(True)
+
+    async def wait_served(self, model: str, timeout: float) -> bool:
+        """Wait (on the event loop) until `model` has an endpoint; False at the deadline."""
+        import asyncio
+
+        if model in self._by_model:
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(model, []).append(fut)
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            return False
+        finally:
+            waiting = self._waiters.get(model)
+            if waiting and fut in waiting:
+                waiting.remove(fut)
 
     def knows(self, model: str) -> bool:
         return model in self._known or model in self._by_model

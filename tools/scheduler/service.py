@@ -55,6 +55,8 @@ class Scheduler:
         self.last_error: dict[str, str] = {}  # model -> its last failed start's reason
         self.registered_nodes: list[str] = []  # from the store, for `llmgw nodes`
         self.drained: dict[str, float] = {}  # node -> draining since
+        self.last_active: dict[str, float] = {}  # model -> when a router last used it
+        self._by_alias = {a: m.name for m in models for a in (m.name, *m.aliases)}
         self.parked: dict[str, ParkedModel] = {}
         # The admin API reads and changes this object from its own thread.
         self.lock = threading.RLock()
@@ -89,6 +91,19 @@ class Scheduler:
             if self.inv.shard_update(sender, shard, now):
                 self.routes_dirty = True
                 self._shard_changed(sender, shard, before_state, now)
+        elif kind == "want":
+            model = self._by_alias.get(body.get("model", ""))
+            if model is not None:
+                m = self.models[model]
+                if m.min == 0 and not self.active(m, now):
+                    _log.info("model_wanted", model=model, by=sender)
+                self.last_active[model] = now
+                self.wake = True  # place it now, not at the next tick
+        elif kind == "activity":
+            for name, idle in (body.get("idle_s") or {}).items():
+                model = self._by_alias.get(name)
+                if model is not None and isinstance(idle, int | float):
+                    self.last_active[model] = max(self.last_active.get(model, 0.0), now - idle)
         elif kind == "install_status":
             node = self.inv.nodes.get(sender)
             if node is not None:
@@ -242,7 +257,8 @@ class Scheduler:
         b = self.backoff.get(model)
         if b is not None and b.failures and b.next_at > self.clock():
             return "backoff", self.last_error.get(model, "")
-        if self.models[model].min == 0:
+        m = self.models[model]
+        if m.min == 0 and not self.active(m, self.clock()):
             return "stopped", ""
         return "starting", ""
 
@@ -261,11 +277,7 @@ class Scheduler:
         self._expire_pending(now)
         if not self.settled(now):
             return
-        desired = [
-            Desired(m.name, m.min, m.max, self.needs.need(m))
-            for m in self.models.values()
-            if m.name not in self.parked
-        ]
+        desired = [self._desired(m, now) for m in self.models.values() if m.name not in self.parked]
         # Replicas on draining nodes do not count, so replacements start elsewhere; the
         # drain pass stops each once it is no longer needed.
         views = [
@@ -284,6 +296,18 @@ class Scheduler:
         self._drain_pass(now)
         self._report_unplaceable(decisions.unplaceable)
         metrics.observe(self)
+
+    def active(self, m: Model, now: float) -> bool:
+        """An on-demand model is active from a request until keep_alive_s after the last."""
+        return now - self.last_active.get(m.name, float("-inf")) < m.keep_alive_s
+
+    def _desired(self, m: Model, now: float) -> Desired:
+        need = self.needs.need(m)
+        if m.min > 0:
+            return Desired(m.name, m.min, m.max, need)
+        if self.active(m, now):
+            return Desired(m.name, 1, m.max, need)
+        return Desired(m.name, 0, 0, need)  # idle: stop what runs
 
     def settled(self, now: float) -> bool:
         return now - self.started_at >= self.cfg.settle_s

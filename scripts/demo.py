@@ -120,6 +120,7 @@ url = "sqlite://{VAR / "llmgw.db"}"
 [router]
 listen = "127.0.0.1:{router_port}"
 schedulers = ["tcp://127.0.0.1:{publish}"]
+scheduler_bus = ["tcp://127.0.0.1:{bus}"]
 shutdown_grace_s = 5.0
 
 [scheduler]

@@ -252,6 +252,11 @@ def _value(f, value, name: str, path: Path):
     return value
 
 
+def model_from(data: dict, where: str = "model") -> ModelConfig:
+    """One [[models]] table given some other way (the admin API): same keys, same checks."""
+    return _build(ModelConfig, data, where, Path(where))
+
+
 def read_secret(ref: str, base: Path, name: str = "secret") -> str:
     """Read `@/path/to/file` (relative to `base`), stripped of surrounding whitespace."""
     file = base / ref[1:]

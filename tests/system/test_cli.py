@@ -219,3 +219,59 @@ def test_without_a_token_anywhere_the_error_says_how_to_give_one(tmp_path):
     assert result.stderr.count("\n") == 1
     assert "pass --token, set LLMGW_ADMIN_TOKEN, or set scheduler.admin_token" in result.stderr
     assert str(tmp_path / "etc" / "secrets" / "admin.token") in result.stderr
+
+
+def test_a_model_added_at_runtime_is_served_scaled_kept_across_restarts_and_removed(
+    cluster, api_key, tmp_path
+):
+    import signal
+
+    from tests.system.conftest import GiB
+
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=4 * GiB)
+    cluster.start_router(api_key[1])
+    weights = tmp_path / "extra.gguf"
+    weights.write_bytes(b"not really a model")
+    definition = tmp_path / "extra.toml"
+    definition.write_text(
+        f'name = "extra"\nsource = "{weights}"\nengine = "fake"\nengine_version = "1"\n'
+        "[profile]\nmemory_bytes = 1073741824\n"
+    )
+    added = cluster.ctl("models", "add", str(definition))
+    assert added.returncode == 0, added.stderr
+    eventually(lambda: cluster.serves("extra"), timeout=30, what="the new model to serve")
+
+    scaled = cluster.ctl("scale", "extra", "--min", "2", "--max", "2")
+    assert scaled.returncode == 0 and "queued: scale extra" in scaled.stderr
+    eventually(lambda: len(cluster.shards("node-a")) == 2, timeout=30, what="two replicas")
+
+    cluster.scheduler.stop(signal.SIGKILL)
+    cluster.start_scheduler()
+
+    def listed():
+        result = cluster.ctl("models", "--json")
+        models = {m["name"]: m for m in json.loads(result.stdout)} if result.returncode == 0 else {}
+        return models.get("extra")
+
+    extra = eventually(listed, what="the model after the restart")
+    assert (extra["min"], extra["max"]) == (2, 2)
+
+    assert cluster.ctl("models", "remove", "extra").returncode == 0
+    eventually(lambda: cluster.shards("node-a") == [], timeout=30, what="its replicas to stop")
+    again = cluster.ctl("models", "add", str(definition))
+    assert again.returncode == 0
+    dup = cluster.ctl("models", "add", str(definition))
+    assert dup.returncode == 1 and dup.stderr.strip() == "Error: model 'extra' exists already"
+
+
+def test_a_bad_runtime_model_is_refused_naming_the_field(cluster, tmp_path):
+    cluster.start_scheduler()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "web"\nsource = "https://example.org/w.gguf"\n')
+    result = cluster.ctl("models", "add", str(bad))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "Error: model 'web': sha256 is required for a https source, so a wrong file is never used"
+    )
+    assert cluster.ctl("models", "remove", "nope").returncode == 1

@@ -25,15 +25,19 @@ class Admin:
     def get(self, path: str, **params):
         return self._call("GET", path, params={k: v for k, v in params.items() if v is not None})
 
-    def post(self, path: str):
-        return self._call("POST", path)
+    def post(self, path: str, body: dict | None = None):
+        return self._call("POST", path, body=body)
 
-    def _call(self, method: str, path: str, params: dict | None = None):
+    def delete(self, path: str):
+        return self._call("DELETE", path)
+
+    def _call(self, method: str, path: str, params: dict | None = None, body=None):
         try:
             r = requests.request(
                 method,
                 self.url + path,
                 params=params,
+                json=body,
                 headers={"Authorization": f"Bearer {self.token}"},
                 timeout=TIMEOUT_S,
             )

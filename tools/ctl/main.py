@@ -3,6 +3,7 @@
 import click
 
 from llmgw import cli as cli_common
+from llmgw_ctl.catalog import scale
 from llmgw_ctl.common import State
 from llmgw_ctl.config import config
 from llmgw_ctl.drain import drain, undrain
@@ -55,3 +56,4 @@ cli.add_command(models)
 cli.add_command(replicas)
 cli.add_command(explain_placement)
 cli.add_command(retry)
+cli.add_command(scale)

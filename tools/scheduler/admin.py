@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from llmgw import log
+from llmgw.errors import ConfigError
 from llmgw.placement import place
 from llmgw.store import BusPeer
 
@@ -151,11 +152,73 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(404, "not_found", f"no such endpoint: GET {url.path}")
         self._send(200, body)
 
+    def _body(self):
+        """The request's JSON object, or None after answering 400."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}") if length <= 1 << 20 else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self._error(400, "invalid_json", "the request body must be a JSON object")
+            return None
+        return body
+
+    def _change(self, action: str, **fields) -> None:
+        """Every change is logged: who (the client's address), what, when (journald)."""
+        _log.info("admin_change", action=action, client=self.client_address[0], **fields)
+
+    def do_DELETE(self):
+        if not self._authorised():
+            return
+        parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+        s = self.sched
+        if len(parts) == 3 and parts[:2] == ["v1", "models"]:
+            with s.lock:
+                try:
+                    s.remove_model(parts[2])
+                except KeyError:
+                    return self._error(404, "model_not_found", f"no runtime model '{parts[2]}'")
+                except ConfigError as e:
+                    return self._error(409, "defined_in_config", str(e))
+            self._change("remove_model", model=parts[2])
+            return self._send(202, {"model": parts[2], "queued": "remove"})
+        self._error(404, "not_found", f"no such endpoint: DELETE {self.path}")
+
     def do_POST(self):
         if not self._authorised():
             return
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
         s = self.sched
+        if parts == ["v1", "models"]:
+            body = self._body()
+            if body is None:
+                return
+            with s.lock:
+                try:
+                    m = s.add_model(body, s.clock())
+                except ConfigError as e:
+                    status = 409 if "exists already" in str(e) else 400
+                    return self._error(status, "invalid_model", str(e))
+                model = View(s).model(m)
+            self._change("add_model", model=m.name)
+            return self._send(201, model)
+        if len(parts) == 4 and parts[:2] == ["v1", "models"] and parts[3] == "scale":
+            body = self._body()
+            if body is None:
+                return
+            lo, hi = body.get("min"), body.get("max")
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)):
+                return self._error(400, "invalid_value", "scale needs integer min and max")
+            with s.lock:
+                try:
+                    s.scale(parts[2], lo, hi, s.clock())
+                except KeyError:
+                    return self._error(404, "model_not_found", f"no model '{parts[2]}'")
+                except ConfigError as e:
+                    return self._error(400, "invalid_value", str(e))
+            self._change("scale", model=parts[2], min=lo, max=hi)
+            return self._send(202, {"model": parts[2], "min": lo, "max": hi, "queued": "scale"})
         if len(parts) == 4 and parts[:2] == ["v1", "models"] and parts[3] == "retry":
             with s.lock:
                 if not s.retry(parts[2]):

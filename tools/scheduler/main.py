@@ -60,6 +60,10 @@ def main(config_path):
     for m in models:
         needs.estimate(m)
     sched = Scheduler(cfg, models, secret, needs)
+    sched.extra_engines = extra
+    sched.config_names = {m.name for m in cfg.models}
+    sched.install_catalog(list(cfg.models))
+    sched.load_runtime_models()
     sched.load_parked()
     sched.load_drained()
     try:

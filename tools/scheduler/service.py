@@ -6,6 +6,8 @@ started until `settle_s` after our own start, so agents can tell us what already
 runs: a restarted scheduler must not start a replica twice.
 """
 
+import dataclasses
+import json
 import random
 import secrets
 import threading
@@ -13,11 +15,12 @@ import time
 
 import zmq
 
-from llmgw import apikeys, bus, log
+from llmgw import apikeys, bus, catalog, config, log
 from llmgw.catalog import Model
+from llmgw.errors import ConfigError
 from llmgw.placement import NodeView
 from llmgw.reconciler import Backoff, Desired, ReplicaView, after_failure, after_success, reconcile
-from llmgw.store import BusPeer, DrainedNode, ParkedModel
+from llmgw.store import BusPeer, DrainedNode, ModelScale, ParkedModel, RuntimeModel
 from llmgw_scheduler import metrics
 from llmgw_scheduler.inventory import LIVE, Inventory, Replica
 from llmgw_scheduler.needs import Needs
@@ -56,6 +59,10 @@ class Scheduler:
         self.registered_nodes: list[str] = []  # from the store, for `llmgw nodes`
         self.drained: dict[str, float] = {}  # node -> draining since
         self.last_active: dict[str, float] = {}  # model -> when a router last used it
+        # The raw definitions behind self.models, and which came from the config file.
+        self.model_configs: list = []
+        self.config_names: set[str] = set()
+        self.extra_engines: set[str] = set()
         self._by_alias = {a: m.name for m in models for a in (m.name, *m.aliases)}
         self.parked: dict[str, ParkedModel] = {}
         # The admin API reads and changes this object from its own thread.
@@ -196,6 +203,75 @@ class Scheduler:
             elif m is None or overdue or ready.get(r.model, 0) - 1 >= m.min:
                 ready[r.model] = ready.get(r.model, 0) - 1
                 self._stop(r.id, now)
+
+    # -- the catalog: the config's models, plus those added at runtime ------------------
+
+    def install_catalog(self, configs: list) -> None:
+        """Check `configs` as a whole (names, aliases, fallbacks), apply `llmgw scale`
+        overrides and make them the catalog. Raises ConfigError and changes nothing
+        if any definition is wrong."""
+        checked = catalog.load(configs, self.extra_engines)
+        scales = {row.name: row for row in ModelScale.select()}
+        models = {}
+        for m in checked:
+            s = scales.get(m.name)
+            models[m.name] = dataclasses.replace(m, min=s.min, max=s.max) if s else m
+        self.model_configs = list(configs)
+        self.models = models
+        self._by_alias = {a: m.name for m in checked for a in (m.name, *m.aliases)}
+        for gone in [name for name in self.parked if name not in models]:
+            del self.parked[gone]
+        self.routes_dirty = True
+
+    def load_runtime_models(self) -> None:
+        """Add the models added with `llmgw models add`; one that no longer fits beside
+        the config's (a name now taken there, say) is skipped with a log line."""
+        for row in RuntimeModel.select().order_by(RuntimeModel.created_at):
+            try:
+                mc = config.model_from(json.loads(row.definition), f"model '{row.name}'")
+                self.install_catalog([*self.model_configs, mc])
+            except (ConfigError, ValueError) as e:
+                _log.error("runtime_model_skipped", model=row.name, reason=str(e))
+
+    def add_model(self, data: dict, now: float) -> Model:
+        """`llmgw models add`: check, install and keep a new model definition."""
+        mc = config.model_from(data, f"model '{data.get('name', '?')}'")
+        if mc.name in self._by_alias:
+            raise ConfigError(f"model '{mc.name}' exists already")
+        self.install_catalog([*self.model_configs, mc])
+        RuntimeModel.insert(name=mc.name, definition=json.dumps(data), created_at=now).execute()
+        self.wake = True
+        _log.info("model_added", model=mc.name)
+        return self.models[mc.name]
+
+    def remove_model(self, name: str) -> None:
+        """`llmgw models remove`: only runtime models; its replicas are stopped."""
+        if name in self.config_names:
+            raise ConfigError(f"model '{name}' is defined in the config file: remove it there")
+        if RuntimeModel.get_or_none(RuntimeModel.name == name) is None:
+            raise KeyError(name)
+        self.install_catalog([mc for mc in self.model_configs if mc.name != name])
+        RuntimeModel.delete().where(RuntimeModel.name == name).execute()
+        ModelScale.delete().where(ModelScale.name == name).execute()
+        ParkedModel.delete().where(ParkedModel.model == name).execute()
+        self.wake = True
+        _log.info("model_removed", model=name)
+
+    def scale(self, name: str, min_: int, max_: int, now: float) -> None:
+        """`llmgw scale`: new bounds that outlive restarts and definition edits."""
+        if name not in self.models:
+            raise KeyError(name)
+        if min_ < 0 or max_ < 1 or min_ > max_:
+            raise ConfigError(f"min {min_} / max {max_}: want 0 <= min <= max, max >= 1")
+        fields = {"min": min_, "max": max_, "updated_at": now}
+        (
+            ModelScale.insert(name=name, **fields)
+            .on_conflict(conflict_target=[ModelScale.name], update=fields)
+            .execute()
+        )
+        self.install_catalog(self.model_configs)
+        self.wake = True
+        _log.info("model_scaled", model=name, min=min_, max=max_)
 
     # -- parking -------------------------------------------------------------------------
 

@@ -17,7 +17,9 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     ClusterSecret,
     DrainedNode,
     MeasuredCapacity,
+    ModelScale,
     ParkedModel,
+    RuntimeModel,
     Usage,
     db_proxy,
 )

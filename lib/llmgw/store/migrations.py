@@ -29,7 +29,11 @@ def m004_drains(db: peewee.Database) -> None:
     db.create_tables([m.DrainedNode])
 
 
-MIGRATIONS = [m001_initial, m002_scheduler, m003_parking, m004_drains]
+def m005_runtime_models(db: peewee.Database) -> None:
+    db.create_tables([m.RuntimeModel, m.ModelScale])
+
+
+MIGRATIONS = [m001_initial, m002_scheduler, m003_parking, m004_drains, m005_runtime_models]
 
 
 def _applied(db: peewee.Database) -> set[str]:

@@ -123,6 +123,29 @@ class DrainedNode(BaseModel):
         table_name = "drained_nodes"
 
 
+class RuntimeModel(BaseModel):
+    """A model added with `llmgw models add`: its [[models]] table as JSON."""
+
+    name = peewee.CharField(primary_key=True, max_length=200)
+    definition = peewee.TextField()
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "runtime_models"
+
+
+class ModelScale(BaseModel):
+    """`llmgw scale`: min and max replicas that override the model's definition."""
+
+    name = peewee.CharField(primary_key=True, max_length=200)
+    min = peewee.IntegerField()
+    max = peewee.IntegerField()
+    updated_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "model_scale"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,
@@ -132,4 +155,6 @@ ALL_MODELS = [
     MeasuredCapacity,
     ParkedModel,
     DrainedNode,
+    RuntimeModel,
+    ModelScale,
 ]

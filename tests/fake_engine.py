@@ -212,6 +212,7 @@ def main():
         with open(args.key_file) as f:
             key = f.read().strip()
     engine = Engine(key, args.name)
+    print(f"fake engine {args.name} listening on port {args.port}", flush=True)
     web.run_app(
         engine.app(),
         host=args.host,

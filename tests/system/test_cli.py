@@ -275,3 +275,14 @@ def test_a_bad_runtime_model_is_refused_naming_the_field(cluster, tmp_path):
         "Error: model 'web': sha256 is required for a https source, so a wrong file is never used"
     )
     assert cluster.ctl("models", "remove", "nope").returncode == 1
+
+
+def test_logs_shows_what_an_engine_wrote_through_its_agent(served):
+    (shard,) = served.shards("node-a")
+    result = served.ctl("logs", "node-a", "--shard", shard["id"], "--lines", "5")
+    assert result.returncode == 0, result.stderr
+    assert "fake engine" in result.stdout and "listening on port" in result.stdout
+    missing = served.ctl("logs", "node-a", "--shard", "r-nope")
+    assert missing.returncode == 1 and "no shard r-nope" in missing.stderr
+    gone = served.ctl("logs", "node-z", "--shard", shard["id"])
+    assert gone.returncode == 1 and "node 'node-z' is not connected" in gone.stderr

@@ -164,9 +164,30 @@ class Agent:
             self.supervisor.stop(str(body.get("id", "")))
         elif kind == "install_engine":
             self._install(str(body.get("engine", "")), str(body.get("version", "")))
+        elif kind == "get_logs":
+            self._logs(body)
         elif kind not in self._unsupported:
             self._unsupported.add(kind)
             _log.warning("unsupported_command", type=kind)
+
+    def _logs(self, body: dict) -> None:
+        """Answer `get_logs` with the tail of a shard's output (`llmgw logs`)."""
+        shard_id = str(body.get("id", ""))
+        lines = self.supervisor.logs(shard_id)
+        try:
+            n = max(1, min(int(body.get("lines", 100)), self.cfg.agent.log_lines))
+        except (TypeError, ValueError):
+            n = 100
+        known = shard_id in self.supervisor.shards
+        reply = {
+            "request": body.get("request", ""),
+            "id": shard_id,
+            "node": self.name,
+            "lines": lines[-n:],
+            "error": "" if known else f"no shard {shard_id} here",
+        }
+        for link in self.links:
+            self._send(link, "logs", reply)
 
     def _install(self, name: str, version: str) -> None:
         if not name or not version or not self.installer.known(name, version):

@@ -8,6 +8,7 @@ from llmgw_ctl.common import State
 from llmgw_ctl.config import config
 from llmgw_ctl.drain import drain, undrain
 from llmgw_ctl.keys import keys
+from llmgw_ctl.logs import logs
 from llmgw_ctl.nodes import nodes, routers
 from llmgw_ctl.status import explain_placement, models, replicas, retry, status
 from llmgw_ctl.store import store
@@ -57,3 +58,4 @@ cli.add_command(replicas)
 cli.add_command(explain_placement)
 cli.add_command(retry)
 cli.add_command(scale)
+cli.add_command(logs)

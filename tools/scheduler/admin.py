@@ -20,6 +20,9 @@ from llmgw.store import BusPeer
 
 _log = log.get("llmgw.scheduler.admin")
 
+# How long `llmgw logs` waits for the agent to answer.
+LOGS_WAIT_S = 5.0
+
 
 def admin_token(cfg) -> str:
     """scheduler.admin_token, or the token file made on first start (0600)."""
@@ -143,6 +146,13 @@ class Handler(BaseHTTPRequestHandler):
             elif parts == ["v1", "replicas"]:
                 model = parse_qs(url.query).get("model", [None])[0]
                 body = view.replicas(model)
+            elif (
+                len(parts) == 6
+                and parts[:2] == ["v1", "nodes"]
+                and parts[3:4] == ["shards"]
+                and parts[5] == "logs"
+            ):
+                return self._logs(parts[2], parts[4], url.query)
             elif len(parts) == 4 and parts[:2] == ["v1", "models"] and parts[3] == "placement":
                 m = s.models.get(parts[2])
                 if m is None:
@@ -151,6 +161,32 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 return self._error(404, "not_found", f"no such endpoint: GET {url.path}")
         self._send(200, body)
+
+    def _logs(self, node: str, shard: str, query: str) -> None:
+        """Ask the node's agent for a shard's output and wait a few seconds for it.
+        Called with the scheduler's lock held; the wait happens without it."""
+        s = self.sched
+        if node not in s.inv.nodes or s.inv.nodes[node].lost:
+            return self._error(404, "node_not_found", f"node '{node}' is not connected")
+        try:
+            lines = int(parse_qs(query).get("lines", ["100"])[0])
+        except ValueError:
+            return self._error(400, "invalid_value", "lines must be a number")
+        entry = s.ask_logs(node, shard, lines)
+        s.lock.release()
+        try:
+            answered = entry["done"].wait(LOGS_WAIT_S)
+        finally:
+            s.lock.acquire()
+            s.log_requests.pop(entry["request"], None)
+        if not answered:
+            return self._error(
+                504, "agent_silent", f"node '{node}' did not answer within {LOGS_WAIT_S:g}s"
+            )
+        reply = entry["reply"]
+        if reply.get("error"):
+            return self._error(404, "shard_not_found", reply["error"])
+        self._send(200, {"node": node, "id": shard, "lines": reply.get("lines", [])})
 
     def _body(self):
         """The request's JSON object, or None after answering 400."""

@@ -60,6 +60,7 @@ class Scheduler:
         self.drained: dict[str, float] = {}  # node -> draining since
         self.last_active: dict[str, float] = {}  # model -> when a router last used it
         # The raw definitions behind self.models, and which came from the config file.
+        self.log_requests: dict[str, dict] = {}  # request id -> {"done", "reply"}
         self.model_configs: list = []
         self.config_names: set[str] = set()
         self.extra_engines: set[str] = set()
@@ -111,6 +112,11 @@ class Scheduler:
                 model = self._by_alias.get(name)
                 if model is not None and isinstance(idle, int | float):
                     self.last_active[model] = max(self.last_active.get(model, 0.0), now - idle)
+        elif kind == "logs":
+            waiter = self.log_requests.get(body.get("request", ""))
+            if waiter is not None:
+                waiter["reply"] = body
+                waiter["done"].set()
         elif kind == "install_status":
             node = self.inv.nodes.get(sender)
             if node is not None:
@@ -203,6 +209,15 @@ class Scheduler:
             elif m is None or overdue or ready.get(r.model, 0) - 1 >= m.min:
                 ready[r.model] = ready.get(r.model, 0) - 1
                 self._stop(r.id, now)
+
+    def ask_logs(self, node: str, shard: str, lines: int) -> dict:
+        """Queue a get_logs for the admin API; it waits on the returned entry's event."""
+        request = secrets.token_hex(8)
+        entry = {"done": threading.Event(), "reply": None}
+        self.log_requests[request] = entry
+        self._send(node, "get_logs", {"id": shard, "lines": lines, "request": request})
+        entry["request"] = request
+        return entry
 
     # -- the catalog: the config's models, plus those added at runtime ------------------
 

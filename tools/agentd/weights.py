@@ -24,6 +24,7 @@ import requests
 
 from llmgw import log
 from llmgw.catalog import source_kind
+from llmgw.files import sha256_of
 from llmgw_agentd.errors import WeightsError
 
 _log = log.get("llmgw.agentd.weights")
@@ -31,14 +32,6 @@ _log = log.get("llmgw.agentd.weights")
 CHUNK = 1024 * 1024
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class Weights:

@@ -22,6 +22,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from llmgw.files import sha256_of
 from llmgw_backup.errors import ArchiveError, BackupError
 
 FORMAT = 1
@@ -72,18 +73,10 @@ class Contents:
         return self.root / self.manifest["store"]["file"]
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def file_record(m: Member) -> dict:
     if m.data is not None:
         return {"path": m.name, "bytes": len(m.data), "sha256": hashlib.sha256(m.data).hexdigest()}
-    return {"path": m.name, "bytes": m.source.stat().st_size, "sha256": sha256_file(m.source)}
+    return {"path": m.name, "bytes": m.source.stat().st_size, "sha256": sha256_of(m.source)}
 
 
 class _Counting(io.RawIOBase):

@@ -73,6 +73,9 @@ class RouterConfig:
     bus_name: str = "router"
     # How long a request for a model that is not up yet waits for it (then 503).
     activation_window_s: float = 60.0
+    # Serve HTTPS with this certificate and key (e.g. from `llmgw-certmon issue`).
+    tls_cert: str = ""
+    tls_key: str = ""
 
 
 @dataclass
@@ -84,6 +87,9 @@ class SchedulerConfig:
     # in <config_dir>/secrets/admin.token).
     admin_listen: str = "127.0.0.1:8081"
     admin_token: str = secret()
+    # Serve the admin API over HTTPS with this certificate and key.
+    admin_tls_cert: str = ""
+    admin_tls_key: str = ""
     tick_s: float = 1.0
     node_lost_s: float = 10.0
     snapshot_s: float = 3.0
@@ -196,6 +202,15 @@ class Config:
         """The store's address: LLMGW_STORE, else store.url, else SQLite in state_dir."""
         url = os.environ.get("LLMGW_STORE") or self.store.url
         return url or f"sqlite://{Path(self.paths.state_dir).absolute()}/llmgw.db"
+
+    def file(self, path: str) -> Path:
+        """A file named in this config: relative paths are relative to the config file."""
+        base = Path(self.source).absolute().parent if self.source else Path.cwd()
+        return base / path
+
+    def ca_file(self) -> Path:
+        """The cluster CA's certificate, as llmgw-certmon keeps it."""
+        return Path(self.paths.config_dir) / "pki" / "ca.crt"
 
     def backup_dir(self) -> Path:
         """Where archives go: backup.dir (relative to this file), else paths.backup_dir."""

@@ -44,6 +44,8 @@ class Cluster:
         self.pub = f"tcp://127.0.0.1:{free_port()}"
         self.sched_metrics = free_port()
         self.admin_port = free_port()
+        self.admin_scheme = "http"
+        self.scheduler_extra = ""  # more [scheduler] lines, e.g. for TLS
         self.models: list[dict] = []
         self.scheduler: Proc | None = None
         self.agents: dict[str, Proc] = {}
@@ -119,7 +121,10 @@ class Cluster:
             f'metrics_listen = "127.0.0.1:{self.sched_metrics}"\ntick_s = 0.2\n'
             f'admin_listen = "127.0.0.1:{self.admin_port}"\n'
             "node_lost_s = 3.0\nsnapshot_s = 1.0\nsettle_s = 1.5\nbackoff_base_s = 0.5\n"
-            "backoff_max_s = 2.0\nstart_timeout_s = 20.0\n" + self._engines() + self._models()
+            "backoff_max_s = 2.0\nstart_timeout_s = 20.0\n"
+            + self.scheduler_extra
+            + self._engines()
+            + self._models()
         )
         self.scheduler = Proc(
             [str(BIN / "llmgw-scheduler"), "--config", str(cfg)],
@@ -137,7 +142,7 @@ class Cluster:
             "--config",
             str(cfg),
             "--admin-url",
-            f"http://127.0.0.1:{self.admin_port}",
+            f"{self.admin_scheme}://127.0.0.1:{self.admin_port}",
             *args,
             env={"LLMGW_CONFIG": "", "LLMGW_ADMIN_URL": "", "LLMGW_ADMIN_TOKEN": ""},
             check=False,

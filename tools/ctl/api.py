@@ -1,5 +1,6 @@
 """The scheduler's admin API, as `llmgw` calls it: where it is, its token, one-line errors."""
 
+import os
 from pathlib import Path
 from urllib.parse import quote
 
@@ -17,10 +18,11 @@ HINT = "is llmgw-scheduler running? set --admin-url or LLMGW_ADMIN_URL"
 class Admin:
     """A client of the admin API; every failure becomes a one-line ClickException."""
 
-    def __init__(self, url: str, token: str, token_from: str):
+    def __init__(self, url: str, token: str, token_from: str, verify=True):
         self.url = url.rstrip("/")
         self.token = token
         self.token_from = token_from
+        self.verify = verify  # for https: the cluster CA's file, or True for the system's
 
     def get(self, path: str, **params):
         return self._call("GET", path, params={k: v for k, v in params.items() if v is not None})
@@ -39,6 +41,7 @@ class Admin:
                 params=params,
                 json=body,
                 headers={"Authorization": f"Bearer {self.token}"},
+                verify=self.verify,
                 timeout=TIMEOUT_S,
             )
         except requests.RequestException as e:
@@ -138,7 +141,16 @@ def client(state) -> Admin:
     """The admin API for this invocation's --admin-url, --token and config."""
     url = base_url(state)
     secret, source = token(state)
-    return Admin(url, secret, source)
+    return Admin(url, secret, source, verify=ca_bundle(state))
+
+
+def ca_bundle(state):
+    """What https is verified against: LLMGW_CA, else the cluster CA if this machine has
+    it (<config_dir>/pki/ca.crt), else the system's CAs."""
+    if os.environ.get("LLMGW_CA"):
+        return os.environ["LLMGW_CA"]
+    ca = state.cfg.ca_file()
+    return str(ca) if ca.exists() else True
 
 
 def model_path(name: str, action: str) -> str:

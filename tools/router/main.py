@@ -7,7 +7,7 @@ import click
 import uvloop
 from aiohttp import web
 
-from llmgw import bus, cli, log
+from llmgw import bus, cli, log, tls
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import migrate, open_store, redact
@@ -85,6 +85,16 @@ def main(config_path, listen, endpoints):
         store=redact(url),
         endpoints=",".join(e.id for e in eps) or "none",
     )
+    ssl_context = None
+    if cfg.router.tls_cert or cfg.router.tls_key:
+        try:
+            ssl_context = tls.server_context(
+                cfg.file(cfg.router.tls_cert), cfg.file(cfg.router.tls_key)
+            )
+        except (OSError, ValueError) as e:
+            raise click.ClickException(
+                f"router.tls_cert/tls_key: cannot load {cfg.router.tls_cert}: {e}"
+            ) from None
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -92,6 +102,7 @@ def main(config_path, listen, endpoints):
             app,
             host=host,
             port=port,
+            ssl_context=ssl_context,
             loop=loop,
             print=None,
             access_log=None,

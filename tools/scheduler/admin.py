@@ -278,10 +278,16 @@ class Handler(BaseHTTPRequestHandler):
         self._error(404, "not_found", f"no such endpoint: POST {self.path}")
 
 
-def serve(sched, listen: str, token: str) -> ThreadingHTTPServer:
+def serve(sched, listen: str, token: str, ssl_context=None) -> ThreadingHTTPServer:
     host, _, port = listen.rpartition(":")
     handler = type("BoundHandler", (Handler,), {"sched": sched, "token": token})
     server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
+    if ssl_context is not None:
+        # The handshake happens on the handler's thread, so a slow client cannot stall
+        # accepting the others.
+        server.socket = ssl_context.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="admin", daemon=True).start()
     return server

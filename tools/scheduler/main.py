@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from prometheus_client import start_http_server
 
-from llmgw import bus, catalog, cli, log
+from llmgw import bus, catalog, cli, log, tls
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import ClusterSecret, migrate, open_store, redact
@@ -71,11 +71,16 @@ def main(config_path):
     except Error as e:
         raise click.ClickException(str(e)) from None
     try:
-        admin = serve_admin(sched, cfg.scheduler.admin_listen, admin_token(cfg))
+        ssl_context = None
+        if cfg.scheduler.admin_tls_cert or cfg.scheduler.admin_tls_key:
+            ssl_context = tls.server_context(
+                cfg.file(cfg.scheduler.admin_tls_cert), cfg.file(cfg.scheduler.admin_tls_key)
+            )
+        admin = serve_admin(sched, cfg.scheduler.admin_listen, admin_token(cfg), ssl_context)
     except OSError as e:
         loop.close()
         raise click.ClickException(
-            f"cannot serve the admin API on {cfg.scheduler.admin_listen}: {e.strerror}"
+            f"cannot serve the admin API on {cfg.scheduler.admin_listen}: {e.strerror or e}"
         ) from None
     metrics.watch_backups(cfg.backup_dir())
     if cfg.scheduler.metrics_listen:

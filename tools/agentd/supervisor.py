@@ -452,6 +452,12 @@ class Supervisor:
             return sum(s.rss for s in self.shards.values() if not s.done)
 
     def logs(self, shard_id: str) -> list[str]:
+        """The newest lines of a shard's output, read up to now (not as of the last
+        monitor pass: `llmgw logs` right after a start must show the start)."""
         with self._lock:
             shard = self.shards.get(shard_id)
-            return list(shard.lines) if shard else []
+        if shard is None:
+            return []
+        self._pump_log(shard)
+        with self._lock:
+            return list(shard.lines)

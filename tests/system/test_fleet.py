@@ -213,3 +213,17 @@ def test_an_on_demand_model_starts_when_asked_for_and_stops_when_idle(cluster, a
     # Idle past its keep-alive, it is stopped.
     eventually(lambda: cluster.shards("node-a") == [], timeout=30, what="the idle stop")
     assert cluster.engine_pids() == set()
+
+
+def test_a_wanted_on_demand_model_evicts_the_least_recently_used_one(cluster, api_key):
+    cluster.add_model("first", memory=GiB + GiB // 2, min_=0)
+    cluster.add_model("second", memory=GiB + GiB // 2, min_=0)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)  # room for one of them at a time
+    cluster.start_router(api_key[1])
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    assert cluster.chat("first", timeout=30).status_code == 200
+    assert cluster.chat("second", timeout=30).status_code == 200
+    assert "model_evicted model=first for_model=second" in cluster.scheduler.log()
+    shards = cluster.shards("node-a")
+    assert [s["model"] for s in shards] == ["second"]

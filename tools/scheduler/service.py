@@ -18,7 +18,7 @@ import zmq
 from llmgw import apikeys, bus, catalog, config, log
 from llmgw.catalog import Model
 from llmgw.errors import ConfigError
-from llmgw.placement import NodeView
+from llmgw.placement import NodeView, place
 from llmgw.reconciler import Backoff, Desired, ReplicaView, after_failure, after_success, reconcile
 from llmgw.store import BusPeer, DrainedNode, ModelScale, ParkedModel, RuntimeModel
 from llmgw_scheduler import metrics
@@ -59,6 +59,8 @@ class Scheduler:
         self.registered_nodes: list[str] = []  # from the store, for `llmgw nodes`
         self.drained: dict[str, float] = {}  # node -> draining since
         self.last_active: dict[str, float] = {}  # model -> when a router last used it
+        # model -> when it was evicted: only requests after that make it active again
+        self.evicted_at: dict[str, float] = {}
         # The raw definitions behind self.models, and which came from the config file.
         self.log_requests: dict[str, dict] = {}  # request id -> {"done", "reply"}
         self.model_configs: list = []
@@ -110,8 +112,11 @@ class Scheduler:
         elif kind == "activity":
             for name, idle in (body.get("idle_s") or {}).items():
                 model = self._by_alias.get(name)
-                if model is not None and isinstance(idle, int | float):
-                    self.last_active[model] = max(self.last_active.get(model, 0.0), now - idle)
+                if model is None or not isinstance(idle, int | float):
+                    continue
+                used = now - idle
+                if used > self.evicted_at.get(model, float("-inf")):
+                    self.last_active[model] = max(self.last_active.get(model, 0.0), used)
         elif kind == "logs":
             waiter = self.log_requests.get(body.get("request", ""))
             if waiter is not None:
@@ -385,8 +390,48 @@ class Scheduler:
         for rid in decisions.stops:
             self._stop(rid, now)
         self._drain_pass(now)
+        self._evict_for(decisions.unplaceable, now)
         self._report_unplaceable(decisions.unplaceable)
         metrics.observe(self)
+
+    def _evict_for(self, unplaceable: dict, now: float) -> None:
+        """Make room for a wanted on-demand model that fits nowhere by retiring the least
+        recently used other on-demand model whose replicas free enough on some node.
+        The evicted model just stops counting as active; the next pass stops its
+        replicas, and the wanted one is placed once the agents report the memory free."""
+        for name in unplaceable:
+            wanted = self.models.get(name)
+            if wanted is None or wanted.min > 0 or not self.active(wanted, now):
+                continue
+            need = self.needs.need(wanted)
+            others = sorted(
+                (
+                    m
+                    for m in self.models.values()
+                    if m.min == 0 and m.name != name and self.active(m, now)
+                ),
+                key=lambda m: self.last_active.get(m.name, 0.0),
+            )
+            for victim in others:
+                freed: dict[str, int] = {}
+                for r in self.inv.replicas.values():
+                    if r.model == victim.name and r.state in LIVE:
+                        freed[r.node] = freed.get(r.node, 0) + self.needs.need(victim).memory
+                views = [
+                    dataclasses.replace(v, memory_free=v.memory_free + freed.get(v.id, 0))
+                    for v in self.node_views()
+                ]
+                if freed and place(need, views).node is not None:
+                    _log.info(
+                        "model_evicted",
+                        model=victim.name,
+                        for_model=name,
+                        idle_s=round(now - self.last_active.get(victim.name, now), 1),
+                    )
+                    self.last_active[victim.name] = float("-inf")
+                    self.evicted_at[victim.name] = now
+                    self.wake = True
+                    break
 
     def active(self, m: Model, now: float) -> bool:
         """An on-demand model is active from a request until keep_alive_s after the last."""
@@ -407,11 +452,14 @@ class Scheduler:
         views = []
         for node in self.inv.nodes.values():
             here = self.inv.on_node(node.id)
-            # Replicas still loading have not taken their memory yet: reserve it.
+            # The node's reported free memory already lacks what its replicas use now.
+            # Reserve what they are expected to use on top: all of it for one still
+            # loading, the rest of it for one whose resident size is below the need
+            # (llama.cpp maps weights in as pages are touched).
             reserved = sum(
-                self.needs.need(self.models[r.model]).memory
+                max(0, self.needs.need(self.models[r.model]).memory - r.rss)
                 for r in here
-                if r.state in ("pending", "starting") and r.model in self.models
+                if r.state in LIVE and r.model in self.models
             )
             counts: dict[str, int] = {}
             for r in here:

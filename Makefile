@@ -44,6 +44,7 @@ docs: install
 bench: install
 	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS))
 	$(BIN)/python bench/scheduler.py
+	$(BIN)/python bench/cold_start.py
 
 clean:
 	rm -rf var .pytest_cache

@@ -10,22 +10,13 @@ import click
 
 from llmgw import backups as archive
 from llmgw import cli, log
-from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw_backup import restore, run, verify
 
 
-class State:
-    def __init__(self, config_path):
-        self.config_path = config_path
-        self._cfg = None
-
-    @property
-    def cfg(self) -> configmod.Config:
-        if self._cfg is None:
-            self._cfg = configmod.load(self.config_path)
-            log.setup("llmgw-backup", self._cfg.log.level)
-        return self._cfg
+class State(cli.ConfigState):
+    def loaded(self, cfg) -> None:
+        log.setup("llmgw-backup", cfg.log.level)
 
     def directory(self, asked: str | None) -> Path:
         """--dir, else backup.dir (relative to the config file), else paths.backup_dir."""

@@ -10,7 +10,6 @@ import click
 from prometheus_client import CollectorRegistry, start_http_server
 
 from llmgw import cli, log
-from llmgw import config as configmod
 from llmgw.apikeys import parse_duration
 from llmgw.errors import Error
 from llmgw_certmon import certs, expiry
@@ -20,20 +19,7 @@ from llmgw_certmon.pkidir import CA, PkiDir, check_name, pki_dir
 _log = log.get("llmgw.certmon")
 
 
-class State:
-    def __init__(self, config_path):
-        self.config_path = config_path
-        self._cfg = None
-
-    @property
-    def cfg(self) -> configmod.Config:
-        if self._cfg is None:
-            try:
-                self._cfg = configmod.load(self.config_path)
-            except Error as e:
-                raise click.ClickException(str(e)) from None
-        return self._cfg
-
+class State(cli.ConfigState):
     @property
     def pki(self) -> PkiDir:
         return PkiDir(pki_dir(self.cfg))

@@ -6,26 +6,16 @@ from datetime import UTC, datetime
 
 import click
 
-from llmgw import config as configmod
+from llmgw import cli
 from llmgw.errors import Error
 from llmgw.store import migrate, open_store
 
 
-class State:
+class State(cli.ConfigState):
     def __init__(self, config_path, admin_url=None, admin_token=None):
-        self.config_path = config_path
+        super().__init__(config_path)
         self.admin_url = admin_url  # --admin-url / LLMGW_ADMIN_URL; None: from the config
         self.admin_token = admin_token  # --token / LLMGW_ADMIN_TOKEN; None: config or file
-        self._cfg = None
-
-    @property
-    def cfg(self):
-        if self._cfg is None:
-            try:
-                self._cfg = configmod.load(self.config_path)
-            except Error as e:
-                raise click.ClickException(str(e)) from None
-        return self._cfg
 
     def store(self):
         """The store, migrated: the CLI may be the first tool to touch it."""

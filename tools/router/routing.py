@@ -5,6 +5,7 @@ back with `release()`/`failed()`. Today the table is filled from the config; the
 scheduler will feed the same table through `replace()`.
 """
 
+import asyncio
 from dataclasses import dataclass, field
 
 
@@ -75,8 +76,6 @@ class RoutingTable:
 
     async def wait_served(self, model: str, timeout: float) -> bool:
         """Wait (on the event loop) until `model` has an endpoint; False at the deadline."""
-        import asyncio
-
         if model in self._by_model:
             return True
         fut = asyncio.get_running_loop().create_future()

@@ -17,6 +17,7 @@ from llmgw import log
 from llmgw.errors import ConfigError
 from llmgw.placement import place
 from llmgw.store import BusPeer
+from llmgw_scheduler import page
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -130,9 +131,11 @@ class Handler(BaseHTTPRequestHandler):
         return False
 
     def do_GET(self):
+        url = urlsplit(self.path)
+        if url.path in ("/", "/status"):
+            return page.serve(self, url)  # for browsers: its own ways to authenticate
         if not self._authorised():
             return
-        url = urlsplit(self.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
         s = self.sched
         with s.lock:

@@ -205,6 +205,18 @@ class Cluster:
         except requests.RequestException:
             return False
 
+    def admin(self, path: str):
+        """GET the admin API's JSON (fast enough to poll, unlike running `llmgw`)."""
+        token = (self.etc / "secrets" / "admin.token").read_text().strip()
+        r = requests.get(
+            f"{self.admin_scheme}://127.0.0.1:{self.admin_port}{path}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=5,
+            verify=False if self.admin_scheme == "https" else True,
+        )
+        r.raise_for_status()
+        return r.json()
+
     def metric(self, name: str) -> float:
         text = requests.get(f"http://127.0.0.1:{self.sched_metrics}/metrics", timeout=5).text
         for line in text.splitlines():

@@ -31,7 +31,8 @@ MODEL_KEYS = {
     "retry_at",
     "memory",
 }
-REPLICA_KEYS = {"id", "model", "node", "state", "endpoint", "since", "rss", "reason"}
+REPLICA_KEYS = {"id", "model", "node", "state", "endpoint", "since", "rss", "reason", "restart",
+                "stale", "idle_s"}
 PLACEMENT_KEYS = {"model", "need", "choice", "install", "nodes"}
 
 
@@ -76,7 +77,8 @@ def test_status_shows_the_served_model_ready_on_node_a_and_both_nodes_up(served)
 
 def test_json_output_is_the_api_object_with_one_shape_per_object_in_every_command(served):
     status = ctl_json(served, "status")
-    assert set(status) == {"nodes", "models", "replicas"}
+    assert set(status) == {"nodes", "models", "replicas", "restarts"}
+    assert status["restarts"] == []
     assert {n["name"] for n in status["nodes"]} == {"node-a", "node-b"}
     assert all(set(n) == NODE_KEYS for n in status["nodes"])
     assert all(set(m) == MODEL_KEYS for m in status["models"])

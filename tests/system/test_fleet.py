@@ -227,3 +227,24 @@ def test_a_wanted_on_demand_model_evicts_the_least_recently_used_one(cluster, ap
     assert "model_evicted model=first for_model=second" in cluster.scheduler.log()
     shards = cluster.shards("node-a")
     assert [s["model"] for s in shards] == ["second"]
+
+
+def test_a_replica_s_idle_time_is_known_from_the_router_and_published(cluster, api_key):
+    cluster.add_model("m", memory=GiB)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)
+    cluster.start_router(api_key[1])
+    eventually(lambda: cluster.serves("m"), timeout=30, what="m to be served")
+
+    def idle():
+        (r,) = cluster.admin("/v1/replicas")
+        return r["id"], r["idle_s"]
+
+    eventually(lambda: idle()[1] >= 3, timeout=30, what="the replica to be idle 3s")
+    assert cluster.serves("m")
+    # The router reports it used; the idle time starts again.
+    eventually(lambda: idle()[1] < 3, timeout=15, what="the request to reset its idle time")
+    rid = idle()[0]
+    text = requests.get(f"http://127.0.0.1:{cluster.sched_metrics}/metrics", timeout=5).text
+    assert f'llmgw_replica_idle_seconds{{model="m",node="node-a",replica="{rid}"}}' in text
+    assert "IDLE" in cluster.ctl("replicas").stdout

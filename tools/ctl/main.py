@@ -10,6 +10,7 @@ from llmgw_ctl.drain import drain, undrain
 from llmgw_ctl.keys import keys
 from llmgw_ctl.logs import logs
 from llmgw_ctl.nodes import nodes, routers
+from llmgw_ctl.restart import restart
 from llmgw_ctl.status import explain_placement, models, replicas, retry, status
 from llmgw_ctl.store import store
 
@@ -59,3 +60,4 @@ cli.add_command(explain_placement)
 cli.add_command(retry)
 cli.add_command(scale)
 cli.add_command(logs)
+cli.add_command(restart)

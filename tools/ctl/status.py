@@ -8,6 +8,7 @@ import click
 from llmgw.placement import size
 from llmgw_ctl.api import client, model_path
 from llmgw_ctl.common import pass_state, print_json, print_table
+from llmgw_ctl.restart import print_restarts
 
 # Model states an operator must act on; `backoff` heals itself but says why it is failing.
 NEEDS_ACTION = ("parked", "unplaceable")
@@ -27,6 +28,11 @@ def age(ts: float | None, now: float) -> str:
         if s >= per:
             return f"{s // per}{unit}"
     return f"{s}s"
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as `age` shows them; '-' for none."""
+    return "-" if seconds is None else age(0.0, seconds)
 
 
 def last_line(text: str, limit: int = 120) -> str:
@@ -92,19 +98,28 @@ def print_models(models: list[dict], detail: bool = False) -> None:
     print_table(headers, rows)
 
 
+def replica_state(r: dict) -> str:
+    """'ready', 'ready (restart queued)', 'ready (stale)': what an operator acts on."""
+    notes = [f"restart {r['restart']}"] if r.get("restart") else []
+    if r.get("stale"):
+        notes.append("stale")
+    return r["state"] + (f" ({', '.join(notes)})" if notes else "")
+
+
 def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> None:
     """The REPLICA shape as aligned columns."""
     if detail:
         print_table(
-            ["ID", "MODEL", "NODE", "STATE", "ENDPOINT", "AGE", "RSS", "REASON"],
+            ["ID", "MODEL", "NODE", "STATE", "ENDPOINT", "AGE", "IDLE", "RSS", "REASON"],
             [
                 [
                     r["id"],
                     r["model"],
                     r["node"],
-                    r["state"],
+                    replica_state(r),
                     r.get("endpoint") or "-",
                     age(r.get("since"), now),
+                    duration(r.get("idle_s")),
                     size(r["rss"]) if r.get("rss") else "-",
                     last_line(r.get("reason") or ""),
                 ]
@@ -113,8 +128,18 @@ def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> No
         )
         return
     print_table(
-        ["ID", "MODEL", "NODE", "STATE", "AGE"],
-        [[r["id"], r["model"], r["node"], r["state"], age(r.get("since"), now)] for r in replicas],
+        ["ID", "MODEL", "NODE", "STATE", "AGE", "IDLE"],
+        [
+            [
+                r["id"],
+                r["model"],
+                r["node"],
+                replica_state(r),
+                age(r.get("since"), now),
+                duration(r.get("idle_s")),
+            ]
+            for r in replicas
+        ],  # fmt: skip
     )
 
 
@@ -159,6 +184,9 @@ def status(state, as_json):
     print_models(body["models"])
     click.echo("\nREPLICAS")
     print_replicas(body["replicas"], now)
+    if body.get("restarts"):
+        click.echo("\nRESTARTS")
+        print_restarts(body["restarts"])
     hint_actions(body["models"])
 
 

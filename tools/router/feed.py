@@ -125,11 +125,18 @@ class Feed:
             self._send(dealers, "want", {"model": model})
 
     def _send_activity(self, dealers) -> None:
-        """Seconds since each model's last request: relative, so clocks need not agree."""
+        """Seconds since each model's and each replica's last request (0 while one is
+        being answered): relative, so clocks need not agree."""
         if self.last_used:
             now = time.time()
             idle = {m: round(max(0.0, now - t), 3) for m, t in list(self.last_used.items())}
-            self._send(dealers, "activity", {"idle_s": idle})
+            mono = time.monotonic()
+            replicas = {
+                ep.id: 0.0 if ep.outstanding else round(max(0.0, mono - ep.last_used), 3)
+                for ep in self.table.endpoints()
+                if ep.last_used or ep.outstanding
+            }
+            self._send(dealers, "activity", {"idle_s": idle, "replica_idle_s": replicas})
 
     # -- the thread ------------------------------------------------------------------------
 

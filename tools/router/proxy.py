@@ -416,6 +416,7 @@ class Call:
                     return await self._relay_whole(upstream)
                 finally:
                     ep.outstanding -= 1
+                    ep.last_used = time.monotonic()
                     upstream.release()
             await self._settle()
             return await self._give_up(tried, last_reason)

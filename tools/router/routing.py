@@ -17,6 +17,7 @@ class Endpoint:
     key: str = ""
     outstanding: int = 0
     cooldown_until: float = 0.0
+    last_used: float = 0.0  # time.monotonic() when its last request ended; 0: never
     head: bytes = field(default=b"", repr=False)  # header lines sent on every request
 
     def __post_init__(self):

@@ -18,6 +18,7 @@ from llmgw.errors import ConfigError
 from llmgw.placement import place
 from llmgw.store import BusPeer
 from llmgw_scheduler import page
+from llmgw_scheduler.inventory import LIVE
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -85,12 +86,34 @@ class View:
         return [self.model(m) for m in self.s.models.values()]
 
     def replicas(self, model: str | None = None) -> list[dict]:
+        now = self.s.clock()
         return [
             {"id": r.id, "model": r.model, "node": r.node, "state": r.state,
-             "endpoint": r.endpoint, "since": r.since, "rss": r.rss, "reason": r.reason}
+             "endpoint": r.endpoint, "since": r.since, "rss": r.rss, "reason": r.reason,
+             "restart": self.s.restart_state(r.id), "stale": self.stale(r),
+             "idle_s": _round(self.s.idle_s(r, now))}
             for r in sorted(self.s.inv.replicas.values(), key=lambda r: (r.model, r.since))
             if model is None or r.model == model
         ]  # fmt: skip
+
+    def stale(self, r) -> bool:
+        """Started with a profile (engine, source, args...) that has been edited since."""
+        m = self.s.models.get(r.model)
+        return bool(m is not None and r.profile and r.profile != m.profile_hash())
+
+    @staticmethod
+    def restart(job) -> dict:
+        return {
+            "replica": job.replica, "model": job.model, "node": job.node,
+            "state": job.state, "how": job.how or None,
+            "replacement": job.replacement or None, "queued_at": job.queued_at,
+            "since": job.since or None, "reason": job.reason,
+            "max_surge": job.max_surge, "max_unavailable": job.max_unavailable,
+            "in_place": job.in_place,
+        }  # fmt: skip
+
+    def restarts(self) -> list[dict]:
+        return [self.restart(j) for j in self.s.restarts]
 
     def placement(self, m) -> dict:
         need = self.s.needs.need(m)
@@ -141,11 +164,18 @@ class Handler(BaseHTTPRequestHandler):
         with s.lock:
             view = View(s)
             if parts == ["v1", "status"]:
-                body = {"nodes": view.nodes(), "models": view.models(), "replicas": view.replicas()}
+                body = {
+                    "nodes": view.nodes(),
+                    "models": view.models(),
+                    "replicas": view.replicas(),
+                    "restarts": [j for j in view.restarts() if j["state"] != "done"],
+                }
             elif parts == ["v1", "nodes"]:
                 body = view.nodes()
             elif parts == ["v1", "models"]:
                 body = view.models()
+            elif parts == ["v1", "restarts"]:
+                body = view.restarts()
             elif parts == ["v1", "replicas"]:
                 model = parse_qs(url.query).get("model", [None])[0]
                 body = view.replicas(model)
@@ -207,6 +237,51 @@ class Handler(BaseHTTPRequestHandler):
         """Every change is logged: who (the client's address), what, when (journald)."""
         _log.info("admin_change", action=action, client=self.client_address[0], **fields)
 
+    def _restart(self, body: dict) -> None:
+        """POST /v1/restarts: {"replicas": [...]} | {"model": M} | {"all": true}, with
+        optional max_surge, max_unavailable and in_place."""
+        opts = {"max_surge": body.get("max_surge", 1), "max_unavailable":
+                body.get("max_unavailable", 1)}  # fmt: skip
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                   for v in opts.values()):  # fmt: skip
+            return self._error(400, "invalid_value",
+                               "max_surge and max_unavailable must be integers >= 0")  # fmt: skip
+        in_place = body.get("in_place", False) is True
+        if in_place and opts["max_unavailable"] < 1:
+            return self._error(400, "invalid_value", "in_place needs max_unavailable >= 1")
+        if opts["max_surge"] + opts["max_unavailable"] == 0:
+            return self._error(400, "invalid_value",
+                               "max_surge and max_unavailable cannot both be 0")  # fmt: skip
+        chosen = [k for k in ("replicas", "model", "all") if body.get(k)]
+        if len(chosen) != 1:
+            return self._error(400, "invalid_value",
+                               "say which: replicas (a list of ids), model, or all")  # fmt: skip
+        s = self.sched
+        with s.lock:
+            live = [r for r in s.inv.replicas.values() if r.state in LIVE]
+            if chosen == ["replicas"]:
+                ids = body["replicas"]
+                if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                    return self._error(400, "invalid_value", "replicas must be a list of ids")
+            elif chosen == ["model"]:
+                if body["model"] not in s.models:
+                    return self._error(404, "model_not_found", f"no model '{body['model']}'")
+                ids = [r.id for r in sorted(live, key=lambda r: r.since)
+                       if r.model == body["model"]]  # fmt: skip
+            else:
+                ids = [r.id for r in sorted(live, key=lambda r: (r.model, r.since))]
+            try:
+                jobs = s.restart(ids, s.clock(), in_place=in_place, **opts)
+            except KeyError as e:
+                return self._error(
+                    404,
+                    "replica_not_found",
+                    f"no running replica '{e.args[0]}' (see `llmgw replicas`)",
+                )
+            out = [View.restart(j) for j in jobs]
+        self._change("restart", replicas=",".join(ids) or None, in_place=in_place, **opts)
+        self._send(202, {"queued": out})
+
     def do_DELETE(self):
         if not self._authorised():
             return
@@ -258,6 +333,11 @@ class Handler(BaseHTTPRequestHandler):
                     return self._error(400, "invalid_value", str(e))
             self._change("scale", model=parts[2], min=lo, max=hi)
             return self._send(202, {"model": parts[2], "min": lo, "max": hi, "queued": "scale"})
+        if parts == ["v1", "restarts"]:
+            body = self._body()
+            if body is not None:
+                self._restart(body)
+            return
         if len(parts) == 4 and parts[:2] == ["v1", "models"] and parts[3] == "retry":
             with s.lock:
                 if not s.retry(parts[2]):
@@ -279,6 +359,10 @@ class Handler(BaseHTTPRequestHandler):
             _log.info("admin_change", action=action, node=node, client=self.client_address[0])
             return self._send(202, {"node": node, "queued": action})
         self._error(404, "not_found", f"no such endpoint: POST {self.path}")
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
 
 
 def serve(sched, listen: str, token: str, ssl_context=None) -> ThreadingHTTPServer:

@@ -36,6 +36,7 @@ class Replica:
     key: str = ""
     rss: int = 0
     reason: str = ""
+    last_used: float = 0.0  # when a router last answered a request with it; 0: never
 
 
 class Inventory:

@@ -9,7 +9,16 @@ MEMORY_FREE = Gauge("llmgw_node_memory_available_bytes", "Memory available per n
 GPUS = Gauge("llmgw_node_gpus", "GPUs per node", ["node"])
 REPLICAS = Gauge("llmgw_replicas", "Replicas by model and state", ["model", "state"])
 READY = Gauge("llmgw_model_replicas_ready", "Ready replicas per model (0 when none)", ["model"])
-DESIRED = Gauge("llmgw_model_replicas_desired", "Replicas each model should have", ["model"])
+DESIRED = Gauge(
+    "llmgw_model_replicas_desired",
+    "Replicas each model should have now (its min; 1 for an on-demand model in use)",
+    ["model"],
+)
+IDLE = Gauge(
+    "llmgw_replica_idle_seconds",
+    "Seconds since a ready replica last answered a request (or became ready)",
+    ["model", "replica", "node"],
+)
 INSTALLS = Gauge(
     "llmgw_node_engine_install", "Engine installs per node", ["node", "engine", "state"]
 )
@@ -62,9 +71,16 @@ def observe(sched) -> None:
             counts[(r.model, r.state)] = counts.get((r.model, r.state), 0) + 1
     for (model, state), n in counts.items():
         REPLICAS.labels(model, state).set(n)
+    now = sched.clock()
+    IDLE.clear()
+    for r in inv.replicas.values():
+        idle = sched.idle_s(r, now)
+        if idle is not None:
+            IDLE.labels(r.model, r.id, r.node).set(round(idle, 1))
     for name, m in sched.models.items():
         READY.labels(name).set(counts.get((name, "ready"), 0))
-        DESIRED.labels(name).set(m.min)
+        # What it should have now: an active on-demand model wants one.
+        DESIRED.labels(name).set(sched.desired_now(m, now))
         PARKED.labels(name).set(1 if name in sched.parked else 0)
         UNPLACEABLE.labels(name).set(1 if name in sched.unplaceable else 0)
         b = sched.backoff.get(name)

@@ -15,7 +15,7 @@ import time
 
 import zmq
 
-from llmgw import apikeys, bus, catalog, config, log
+from llmgw import apikeys, bus, catalog, config, log, restarts
 from llmgw.catalog import Model
 from llmgw.errors import ConfigError
 from llmgw.placement import NodeView, place
@@ -68,6 +68,8 @@ class Scheduler:
         self.extra_engines: set[str] = set()
         self._by_alias = {a: m.name for m in models for a in (m.name, *m.aliases)}
         self.parked: dict[str, ParkedModel] = {}
+        # `llmgw restart`: active ones in queue order, then the most recent that ended.
+        self.restarts: list[restarts.Restart] = []
         # The admin API reads and changes this object from its own thread.
         self.lock = threading.RLock()
 
@@ -117,6 +119,10 @@ class Scheduler:
                 used = now - idle
                 if used > self.evicted_at.get(model, float("-inf")):
                     self.last_active[model] = max(self.last_active.get(model, 0.0), used)
+            for rid, idle in (body.get("replica_idle_s") or {}).items():
+                r = self.inv.replicas.get(rid)
+                if r is not None and isinstance(idle, int | float):
+                    r.last_used = max(r.last_used, now - idle)
         elif kind == "logs":
             waiter = self.log_requests.get(body.get("request", ""))
             if waiter is not None:
@@ -358,6 +364,83 @@ class Scheduler:
             return "stopped", ""
         return "starting", ""
 
+    # -- restarts ------------------------------------------------------------------------
+
+    def restart(self, ids: list[str], now: float, max_surge: int = 1, max_unavailable: int = 1,
+                in_place: bool = False) -> list[restarts.Restart]:  # fmt: skip
+        """Queue restarts of replicas `ids`; KeyError names the first unknown one. A
+        replica already queued or being replaced keeps its restart."""
+        for rid in ids:
+            r = self.inv.replicas.get(rid)
+            if r is None or r.state not in LIVE:
+                raise KeyError(rid)
+        active = {job.replica: job for job in self.restarts if job.active}
+        out = []
+        for rid in ids:
+            job = active.get(rid)
+            if job is None:
+                r = self.inv.replicas[rid]
+                job = restarts.Restart(rid, r.model, r.node, now, max_surge, max_unavailable,
+                                       in_place)  # fmt: skip
+                self.restarts.insert(sum(1 for j in self.restarts if j.active), job)
+                _log.info("restart_queued", replica=rid, model=r.model, node=r.node,
+                          max_surge=max_surge, max_unavailable=max_unavailable,
+                          in_place=in_place)  # fmt: skip
+            out.append(job)
+        self.wake = True
+        return out
+
+    def _restart_pass(self, now: float) -> None:
+        replicas = {
+            r.id: ReplicaView(r.id, r.model, r.node, r.state, r.since)
+            for r in self.inv.replicas.values()
+        }
+        needs = {m.name: self.needs.need(m) for m in self.models.values()}
+        # What node_views() counts each replica as taking: its need, or more if it grew.
+        holds = {
+            r.id: max(needs[r.model].memory, r.rss)
+            for r in self.inv.replicas.values()
+            if r.model in needs
+        }
+        steps = restarts.plan(
+            [j for j in self.restarts if j.active],
+            replicas,
+            self.node_views(),
+            needs,
+            now,
+            # Beyond the replacement's own start timeout: stopping the old one comes first.
+            2 * self.cfg.start_timeout_s,
+            holds,
+        )
+        for job, node in steps.surge:
+            job.replacement = self._start(job.model, node, now)
+            _log.info("restart_replacing", replica=job.replica, model=job.model,
+                      replacement=job.replacement, node=node, how=job.how)  # fmt: skip
+        for job in steps.stop_now:
+            _log.info("restart_replacing", replica=job.replica, model=job.model,
+                      node=job.node, how=job.how)  # fmt: skip
+            self._stop(job.replica, now)
+        for job in steps.retire:
+            self._stop(job.replica, now)
+        for job in steps.ended:
+            if job.state == restarts.DONE:
+                _log.info("restart_done", replica=job.replica, model=job.model, how=job.how,
+                          outcome=job.reason)  # fmt: skip
+            else:
+                _log.warning("restart_given_up", replica=job.replica, model=job.model,
+                             reason=job.reason)  # fmt: skip
+        if steps.ended:
+            active = [j for j in self.restarts if j.active]
+            ended = [j for j in self.restarts if not j.active][-restarts.KEEP_ENDED :]
+            self.restarts = active + ended
+
+    def restart_state(self, replica: str) -> str | None:
+        """'queued' or 'replacing' while a restart of `replica` is under way."""
+        for job in self.restarts:
+            if job.replica == replica and job.active:
+                return job.state
+        return None
+
     # -- the periodic pass ---------------------------------------------------------------
 
     def tick(self) -> None:
@@ -374,13 +457,21 @@ class Scheduler:
         if not self.settled(now):
             return
         desired = [self._desired(m, now) for m in self.models.values() if m.name not in self.parked]
+        self._restart_pass(now)
         # Replicas on draining nodes do not count, so replacements start elsewhere; the
-        # drain pass stops each once it is no longer needed.
+        # drain pass stops each once it is no longer needed. A replica being replaced
+        # beside itself does not count either (its replacement does), and one being
+        # replaced in place still does until it is gone, so nothing else is started.
+        surging = {r.replica for r in self.restarts if r.state == restarts.REPLACING}
         views = [
             ReplicaView(r.id, r.model, r.node, r.state, r.since)
             for r in self.inv.replicas.values()
-            if r.state in LIVE and r.node not in self.drained
+            if r.state in LIVE and r.node not in self.drained and r.id not in surging
         ]
+        for job in self.restarts:
+            old = self.inv.replicas.get(job.replica)
+            if job.state == restarts.REPLACING and job.how == restarts.IN_PLACE and old:
+                views.append(ReplicaView(old.id, old.model, old.node, "pending", old.since))
         decisions = reconcile(desired, views, self.node_views(), self.backoff, now)
         for model, node, install in decisions.starts:
             if install:
@@ -437,6 +528,10 @@ class Scheduler:
         """An on-demand model is active from a request until keep_alive_s after the last."""
         return now - self.last_active.get(m.name, float("-inf")) < m.keep_alive_s
 
+    def desired_now(self, m: Model, now: float) -> int:
+        """The replicas `m` should have now: its min, or 1 for an on-demand one in use."""
+        return m.min if m.min > 0 else int(self.active(m, now))
+
     def _desired(self, m: Model, now: float) -> Desired:
         need = self.needs.need(m)
         if m.min > 0:
@@ -444,6 +539,13 @@ class Scheduler:
         if self.active(m, now):
             return Desired(m.name, 1, m.max, need)
         return Desired(m.name, 0, 0, need)  # idle: stop what runs
+
+    def idle_s(self, r: Replica, now: float) -> float | None:
+        """Seconds a ready replica has gone without a request (since it became ready, if
+        it never had one); None for one not serving."""
+        if r.state != "ready":
+            return None
+        return max(0.0, now - max(r.last_used, r.since))
 
     def settled(self, now: float) -> bool:
         return now - self.started_at >= self.cfg.settle_s
@@ -489,7 +591,7 @@ class Scheduler:
 
     # -- commands to agents ------------------------------------------------------------
 
-    def _start(self, model_name: str, node: str, now: float) -> None:
+    def _start(self, model_name: str, node: str, now: float) -> str:
         m = self.models[model_name]
         rid = "r-" + secrets.token_hex(4)
         key = apikeys.engine_key(self.cluster_secret, rid)
@@ -504,6 +606,7 @@ class Scheduler:
         }  # fmt: skip
         _log.info("start_replica", replica=rid, model=m.name, node=node)
         self._send(node, "start_shard", body)
+        return rid
 
     def _install(self, node: str, m: Model) -> None:
         key = (node, m.engine_id)

@@ -4,6 +4,7 @@ anywhere under tools/ and lib/. Used by the dashboard and metrics-page tests."""
 
 import ast
 from dataclasses import dataclass
+from functools import cache
 
 from tests.helpers import ROOT
 
@@ -48,6 +49,7 @@ def _labels(call: ast.Call) -> tuple[str, ...]:
     return ()
 
 
+@cache  # one reading per test run; callers must not change what it returns
 def defined() -> dict[str, Metric]:
     """Each metric by its exposed name (a counter's with _total, as in docs and PromQL)."""
     found: dict[str, Metric] = {}

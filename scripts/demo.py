@@ -228,9 +228,10 @@ def main() -> None:
     env["LLMGW_CONFIG"] = str(cfg)
     base = f"http://127.0.0.1:{args.port}"
 
-    # Who may join the bus: each gets a CURVE keypair, registered in the store.
-    ctl(cfg, env, "nodes", "add", "demo-node")
-    ctl(cfg, env, "routers", "add", "router")
+    # Who may join the bus: each gets a CURVE keypair, registered in the store. `--store`:
+    # the scheduler, whose admin API would do it, is not running yet.
+    ctl(cfg, env, "nodes", "add", "demo-node", "--store")
+    ctl(cfg, env, "routers", "add", "router", "--store")
 
     children: list[Child] = []
     try:
@@ -245,7 +246,8 @@ def main() -> None:
         children.insert(0, router)  # stopped first, so it flushes usage while engines are up
         router.wait_for(lambda: answers(f"{base}/health"), 30, "llmgw-router to be healthy")
 
-        api_key = json.loads(ctl(cfg, env, "keys", "create", "--name", "demo", "--json"))["secret"]
+        made = ctl(cfg, env, "keys", "create", "--name", "demo", "--json", "--store")
+        api_key = json.loads(made)["secret"]
         say(
             f"waiting for the scheduler to place {MODEL} and the agent to start it "
             f"(logs: {VAR / 'logs'})"

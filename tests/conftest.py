@@ -71,5 +71,5 @@ def _drop_pg_database(admin_url: str, url: str) -> None:
 @pytest.fixture
 def api_key():
     """A fresh API key for every model, made with the real CLI: (id, secret)."""
-    out = json.loads(llmgw("keys", "create", "--name", "test", "--json").stdout)
+    out = json.loads(llmgw("keys", "create", "--store", "--name", "test", "--json").stdout)
     return out["id"], out["secret"]

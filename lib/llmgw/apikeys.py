@@ -60,3 +60,46 @@ def engine_key(cluster_secret: str, replica_id: str) -> str:
     import hmac
 
     return hmac.new(cluster_secret.encode(), replica_id.encode(), hashlib.sha256).hexdigest()
+
+
+def state_of(row, now: float) -> str:
+    if row.revoked_at is not None:
+        return "revoked"
+    if row.expires_at is not None and row.expires_at <= now:
+        return "expired"
+    return "active"
+
+
+def key_json(row, now: float) -> dict:
+    """The one JSON shape of a key, used by the admin API and every command that prints keys."""
+    return {
+        "id": row.id,
+        "name": row.name,
+        "prefix": row.prefix,
+        "models": row.model_list,
+        "created_at": row.created_at,
+        "expires_at": row.expires_at,
+        "revoked_at": row.revoked_at,
+        "state": state_of(row, now),
+    }
+
+
+def listing(show_all: bool, now: float) -> list[dict]:
+    """Keys, oldest first: the active ones, or all with `show_all`."""
+    from llmgw.store import ApiKey
+
+    rows = ApiKey.select().order_by(ApiKey.created_at)
+    return [key_json(r, now) for r in rows if show_all or state_of(r, now) == "active"]
+
+
+def revoke(ids: list[str], now: float) -> list[str]:
+    """Revoke keys by id, all or none; return the ids not found (nothing revoked then)."""
+    from llmgw.store import ApiKey
+
+    missing = [k for k in ids if ApiKey.get_or_none(ApiKey.id == k) is None]
+    if missing:
+        return missing
+    ApiKey.update(revoked_at=now, updated_at=now).where(
+        ApiKey.id.in_(ids) & ApiKey.revoked_at.is_null()
+    ).execute()
+    return []

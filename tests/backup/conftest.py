@@ -63,7 +63,7 @@ def config_dir(isolated_paths) -> Path:
 @pytest.fixture
 def seeded(store_url, config_dir) -> dict:
     """The store with an API key made by `llmgw keys create` and the engine-key secret."""
-    key = json.loads(llmgw("keys", "create", "--name", "before-backup", "--json").stdout)
+    key = json.loads(llmgw("keys", "create", "--store", "--name", "before-backup", "--json").stdout)
     db = open_store(store_url)
     try:
         secret = cluster_secret()

@@ -12,7 +12,7 @@ from tests.helpers import llmgw
 
 
 def keys_in(url: str) -> list[str]:
-    out = llmgw("keys", "list", "--all", "--json", env={"LLMGW_STORE": url}).stdout
+    out = llmgw("keys", "list", "--store", "--all", "--json", env={"LLMGW_STORE": url}).stdout
     return [k["id"] for k in json.loads(out)]
 
 
@@ -55,7 +55,7 @@ def test_an_archive_verifies_and_restores_into_an_empty_store_with_the_same_keys
 
 def test_restore_refuses_a_store_that_is_not_empty_until_forced(seeded, backups):
     path = ok(backup("run")).stdout.strip()
-    llmgw("keys", "create", "--name", "after-backup")
+    llmgw("keys", "create", "--store", "--name", "after-backup")
 
     error = failed_with_one_line(backup("restore", path))
 
@@ -143,7 +143,7 @@ def test_list_shows_archives_newest_first(seeded, backups, tmp_path):
 
 
 def test_verify_fails_for_a_store_without_the_engine_key_secret(config_dir, backups):
-    llmgw("keys", "create", "--name", "no-scheduler-yet")  # the scheduler never ran
+    llmgw("keys", "create", "--store", "--name", "no-scheduler-yet")  # the scheduler never ran
     path = ok(backup("run")).stdout.strip()
 
     error = failed_with_one_line(backup("verify", path))

@@ -12,15 +12,15 @@ setup() {
 }
 
 @test "create prints the secret once, on stdout alone" {
-    run --separate-stderr llmgw keys create --name ci
+    run --separate-stderr llmgw keys create --store --name ci
     [ "$status" -eq 0 ]
     [[ "$output" =~ ^sk-llmgw-[A-Za-z0-9_-]{43}$ ]]
     [[ "$stderr" == *"shown only now"* ]]
 }
 
 @test "create --json gives a key that list --json shows without its secret" {
-    id=$(llmgw keys create --name ci --models a,b --json | jq -r .id)
-    run llmgw keys list --json
+    id=$(llmgw keys create --store --name ci --models a,b --json | jq -r .id)
+    run llmgw keys list --store --json
     [ "$status" -eq 0 ]
     [ "$(echo "$output" | jq -r '.[0].id')" = "$id" ]
     [ "$(echo "$output" | jq -c '.[0].models')" = '["a","b"]' ]
@@ -28,39 +28,39 @@ setup() {
 }
 
 @test "keys revoked through a pipeline leave the list and stay in --all" {
-    llmgw keys create --name one --json >/dev/null
-    llmgw keys create --name two --json >/dev/null
-    llmgw keys list --json | jq -r '.[] | select(.name == "one") | .id' | xargs llmgw keys revoke
-    run llmgw keys list --json
+    llmgw keys create --store --name one --json >/dev/null
+    llmgw keys create --store --name two --json >/dev/null
+    llmgw keys list --store --json | jq -r '.[] | select(.name == "one") | .id' | xargs llmgw keys revoke --store
+    run llmgw keys list --store --json
     [ "$(echo "$output" | jq -r '[.[].name] | join(",")')" = "two" ]
-    run llmgw keys list --all --json
+    run llmgw keys list --store --all --json
     [ "$(echo "$output" | jq -r '.[] | select(.name == "one") | .state')" = "revoked" ]
 }
 
 @test "the bare group lists keys in aligned columns" {
-    llmgw keys create --name ci --expires 30d --json >/dev/null
-    run llmgw keys
+    llmgw keys create --store --name ci --expires 30d --json >/dev/null
+    run llmgw keys list --store
     [ "$status" -eq 0 ]
     [[ "${lines[0]}" =~ ^ID\ +NAME\ +PREFIX ]]
     [[ "${lines[1]}" == *" ci "* ]]
 }
 
 @test "revoking an unknown key fails with one line that says what to do" {
-    run --separate-stderr llmgw keys revoke key_nope
+    run --separate-stderr llmgw keys revoke --store key_nope
     [ "$status" -eq 1 ]
     [ "$stderr" = "Error: no such key: key_nope (see \`llmgw keys list\`)" ]
 }
 
 @test "a bad --expires is refused with examples and creates nothing" {
-    run --separate-stderr llmgw keys create --name ci --expires soon
+    run --separate-stderr llmgw keys create --store --name ci --expires soon
     [ "$status" -eq 2 ]
     [[ "$stderr" == *"like 90m, 12h or 30d"* ]]
-    [ "$(llmgw keys list --json | jq length)" = "0" ]
+    [ "$(llmgw keys list --store --json | jq length)" = "0" ]
 }
 
 @test "an unknown key in the config file is named, with the file" {
     echo 'colour = "blue"' >"$LLMGW_CONFIG"
-    run --separate-stderr llmgw keys list
+    run --separate-stderr llmgw keys list --store
     [ "$status" -eq 1 ]
     [ "$stderr" = "Error: $LLMGW_CONFIG: unknown key 'colour'" ]
 }

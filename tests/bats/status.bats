@@ -71,7 +71,7 @@ teardown_file() {
 @test "status --json is one object with nodes, models and replicas" {
     run llmgw status --json
     [ "$status" -eq 0 ]
-    [ "$(echo "$output" | jq -r 'keys | join(",")')" = "models,nodes,replicas" ]
+    [ "$(echo "$output" | jq -r 'keys | join(",")')" = "models,nodes,replicas,restarts" ]
     [ "$(echo "$output" | jq -r '.models[0] | "\(.name) \(.ready)/\(.min)"')" = "lonely 0/1" ]
     [ "$(echo "$output" | jq '.replicas')" = "[]" ]
 }
@@ -135,4 +135,35 @@ teardown_file() {
     [ "$status" -eq 0 ]
     [[ "${lines[0]}" =~ ^NAME\ +STATE\ +MEMORY ]]
     [[ "${lines[1]}" =~ ^gpu-01\ +never\ seen\ +- ]]
+}
+
+@test "keys made through the admin API are listed, revoked, and in the audit log" {
+    id=$(llmgw keys create --name via-api --json | jq -r .id)
+    [ "$(llmgw keys list --json | jq -r '.[] | select(.name=="via-api") | .id')" = "$id" ]
+    llmgw keys list --json | jq -r '.[] | select(.name=="via-api") | .id' | xargs llmgw keys revoke
+    [ "$(llmgw keys list --all --json | jq -r ".[] | select(.id==\"$id\") | .state")" = revoked ]
+    run llmgw audit --action keys --json
+    [ "$status" -eq 0 ]
+    [ "$(echo "$output" | jq -r "[.[] | select(.target==\"$id\") | .action] | join(\",\")")" = "keys.create,keys.revoke" ]
+    [ "$(echo "$output" | jq -r '.[0].actor')" = "$(id -un)@$(hostname)" ]
+    [ "$(echo "$output" | jq -r '.[0].client')" = "127.0.0.1" ]
+}
+
+@test "audit shows changes in aligned columns, and a bad --since is refused" {
+    llmgw retry lonely 2>/dev/null
+    run llmgw audit --since 1h
+    [ "$status" -eq 0 ]
+    [[ "${lines[0]}" =~ ^WHEN\ +ACTOR\ +CLIENT\ +ACTION\ +TARGET ]]
+    [[ "$output" == *"models.retry"*"lonely"* ]]
+    run --separate-stderr llmgw audit --since yesterday
+    [ "$status" -eq 2 ]
+    [[ "$stderr" == *"like 90m, 12h or 30d"* ]]
+}
+
+@test "revoking an unknown key through the API exits 1 and revokes nothing" {
+    id=$(llmgw keys create --name keep --json | jq -r .id)
+    run --separate-stderr llmgw keys revoke "$id" key_nope
+    [ "$status" -eq 1 ]
+    [ "$stderr" = "Error: no such key: key_nope (see \`llmgw keys list\`)" ]
+    [ "$(llmgw keys list --json | jq -r ".[] | select(.id==\"$id\") | .state")" = active ]
 }

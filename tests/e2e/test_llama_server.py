@@ -87,7 +87,9 @@ key = "@secrets/gemma-0.key"
         env = {"LLMGW_STORE": store}
         router, router_url = start_router(tmp, config, env=env)
         env["LLMGW_CONFIG"] = str(router.argv[-1])
-        made = json.loads(llmgw("keys", "create", "--name", "e2e", "--json", env=env).stdout)
+        made = json.loads(
+            llmgw("keys", "create", "--store", "--name", "e2e", "--json", env=env).stdout
+        )
         auth = {"Authorization": f"Bearer {made['secret']}"}
         # The router picks up new keys on its next refresh, within a couple of seconds.
         eventually(

@@ -60,7 +60,7 @@ def test_an_unknown_key_is_401(router):
 def test_a_model_the_key_may_not_use_is_403(make_router, engine):
     router = make_router([engine.url])
     limited = json.loads(
-        llmgw("keys", "create", "--name", "l", "--models", "other", "--json").stdout
+        llmgw("keys", "create", "--store", "--name", "l", "--models", "other", "--json").stdout
     )["secret"]
 
     def answered():

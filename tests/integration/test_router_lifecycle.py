@@ -12,13 +12,13 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 def test_a_new_key_works_and_a_revoked_one_stops_within_five_seconds(make_router, engine):
     router = make_router([engine.url], key_refresh_s=2.0)  # the default
-    new = json.loads(llmgw("keys", "create", "--name", "late", "--json").stdout)
+    new = json.loads(llmgw("keys", "create", "--store", "--name", "late", "--json").stdout)
     eventually(
         lambda: router.post("/v1/chat/completions", CHAT, key=new["secret"]).status_code == 200,
         timeout=5,
         what="the new key to be accepted",
     )
-    llmgw("keys", "revoke", new["id"])
+    llmgw("keys", "revoke", "--store", new["id"])
     eventually(
         lambda: router.post("/v1/chat/completions", CHAT, key=new["secret"]).status_code == 401,
         timeout=5,
@@ -28,7 +28,9 @@ def test_a_new_key_works_and_a_revoked_one_stops_within_five_seconds(make_router
 
 def test_an_expired_key_is_refused(make_router, engine):
     router = make_router([engine.url])
-    key = json.loads(llmgw("keys", "create", "--name", "brief", "--expires", "1s", "--json").stdout)
+    key = json.loads(
+        llmgw("keys", "create", "--store", "--name", "brief", "--expires", "1s", "--json").stdout
+    )
     eventually(
         lambda: (
             router.post("/v1/chat/completions", CHAT, key=key["secret"]).status_code == 401
@@ -40,7 +42,7 @@ def test_an_expired_key_is_refused(make_router, engine):
 
 
 def key_is_known(key_id):
-    keys = json.loads(llmgw("keys", "list", "--all", "--json").stdout)
+    keys = json.loads(llmgw("keys", "list", "--store", "--all", "--json").stdout)
     return any(k["id"] == key_id and k["state"] == "expired" for k in keys)
 
 

@@ -149,7 +149,13 @@ class Cluster:
         )
 
     def register(self, name: str, kind: str = "nodes") -> None:
-        llmgw("--config", str(self.tmp / "ctl.toml"), kind, "add", name, env={"LLMGW_CONFIG": ""})
+        """`llmgw nodes/routers add`: through the admin API once the scheduler runs."""
+        if self.scheduler is not None and self.scheduler.p.poll() is None:
+            result = self.ctl(kind, "add", name)
+            assert result.returncode == 0, result.stderr
+        else:
+            llmgw("--config", str(self.tmp / "ctl.toml"), kind, "add", name, "--store",
+                  env={"LLMGW_CONFIG": ""})  # fmt: skip
 
     def start_agent(self, name: str, memory: int, register: bool = True) -> Proc:
         (self.tmp / "ctl.toml").write_text(self._common(self.tmp / "ctl-state"))

@@ -1,8 +1,11 @@
 """The scheduler's admin API, over HTTP with its bearer token."""
 
+import json
+
 import requests
 
 from tests.helpers import eventually
+from tests.system.conftest import GiB
 
 
 def api(cluster, method, path, token=None):
@@ -46,3 +49,29 @@ def test_the_api_refuses_a_wrong_token_and_names_unknown_models(served):
 def test_a_retry_is_queued_and_answered_202(served):
     resp = api(served, "POST", "/v1/models/m/retry")
     assert resp.status_code == 202 and resp.json() == {"model": "m", "queued": "retry"}
+
+
+def test_nodes_add_through_the_api_writes_a_keypair_an_agent_can_join_with(cluster, tmp_path):
+    cluster.add_model("m")
+    cluster.start_scheduler()
+    out = tmp_path / "for-node-c"
+    result = cluster.ctl("nodes", "add", "node-c", "--out", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    peer = json.loads(result.stdout)
+    assert (peer["name"], peer["kind"]) == ("node-c", "agent") and "files" not in peer
+    curve = cluster.etc / "pki" / "curve"
+    for name in ("node-c.key_secret", "scheduler.key"):
+        assert (out / name).read_text() == (curve / name).read_text()
+        assert (out / name).stat().st_mode & 0o777 == 0o600
+    # Registered again with the same key: fine; the audit log has both, with who and where.
+    assert cluster.ctl("nodes", "add", "node-c").returncode == 0
+    assert cluster.ctl("routers", "add", "node-c").returncode == 1  # a name is one kind
+    entries = json.loads(cluster.ctl("audit", "--json").stdout)
+    assert [(e["action"], e["target"], e["client"]) for e in entries] == [
+        ("nodes.add", "node-c", "127.0.0.1"),
+        ("nodes.add", "node-c", "127.0.0.1"),
+    ]
+    assert entries[0]["detail"] == {"files": True}
+
+    cluster.start_agent("node-c", memory=2 * GiB, register=False)
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-c to join")

@@ -31,8 +31,19 @@ MODEL_KEYS = {
     "retry_at",
     "memory",
 }
-REPLICA_KEYS = {"id", "model", "node", "state", "endpoint", "since", "rss", "reason", "restart",
-                "stale", "idle_s"}
+REPLICA_KEYS = {
+    "id",
+    "model",
+    "node",
+    "state",
+    "endpoint",
+    "since",
+    "rss",
+    "reason",
+    "restart",
+    "stale",
+    "idle_s",
+}
 PLACEMENT_KEYS = {"model", "need", "choice", "install", "nodes"}
 
 

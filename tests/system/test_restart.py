@@ -8,16 +8,10 @@ from tests.system.conftest import GiB
 
 
 def ready_ids(cluster, model="m") -> set[str]:
-    return {
-        r["id"]
-        for r in cluster.admin(f"/v1/replicas?model={model}")
-        if r["state"] == "ready"
-    }
+    return {r["id"] for r in cluster.admin(f"/v1/replicas?model={model}") if r["state"] == "ready"}
 
 
-def test_restarting_a_model_on_two_nodes_never_leaves_it_without_a_ready_replica(
-    cluster, api_key
-):
+def test_restarting_a_model_on_two_nodes_never_leaves_it_without_a_ready_replica(cluster, api_key):
     cluster.add_model("m", memory=GiB, min_=2, max_=2)
     cluster.start_scheduler()
     cluster.start_agent("node-a", memory=3 * GiB)

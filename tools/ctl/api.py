@@ -1,6 +1,8 @@
 """The scheduler's admin API, as `llmgw` calls it: where it is, its token, one-line errors."""
 
+import getpass
 import os
+import socket
 from pathlib import Path
 from urllib.parse import quote
 
@@ -40,7 +42,7 @@ class Admin:
                 self.url + path,
                 params=params,
                 json=body,
-                headers={"Authorization": f"Bearer {self.token}"},
+                headers={"Authorization": f"Bearer {self.token}", "X-Llmgw-Actor": actor()},
                 verify=self.verify,
                 timeout=TIMEOUT_S,
             )
@@ -63,6 +65,15 @@ class Admin:
                 f"{self.url} answered {method} {path} with HTTP {r.status_code} and no JSON:"
                 f" is it llmgw-scheduler's admin API? ({HINT})"
             ) from None
+
+
+def actor() -> str:
+    """Who is making a change, for the audit log: user@host."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
 
 
 def error_message(r: requests.Response) -> str:

@@ -1,34 +1,23 @@
-"""`llmgw keys`: create, list and revoke API keys."""
+"""`llmgw keys`: create, list and revoke API keys, through the admin API.
+
+`--store` changes the store directly instead, for when no scheduler runs yet (the
+first key of a new install, tests); the change is still put in the audit log.
+"""
 
 import time
 
 import click
 
-from llmgw import apikeys
-from llmgw.store import ApiKey
+from llmgw import apikeys, audit
+from llmgw_ctl.api import actor, client
 from llmgw_ctl.common import pass_state, print_json, print_table, when
 
-
-def key_json(row: ApiKey, now: float) -> dict:
-    """The one JSON shape of a key, used by every command that prints keys."""
-    return {
-        "id": row.id,
-        "name": row.name,
-        "prefix": row.prefix,
-        "models": row.model_list,
-        "created_at": row.created_at,
-        "expires_at": row.expires_at,
-        "revoked_at": row.revoked_at,
-        "state": state_of(row, now),
-    }
-
-
-def state_of(row: ApiKey, now: float) -> str:
-    if row.revoked_at is not None:
-        return "revoked"
-    if row.expires_at is not None and row.expires_at <= now:
-        return "expired"
-    return "active"
+store_option = click.option(
+    "--store",
+    "direct",
+    is_flag=True,
+    help="Change the store directly, not through the scheduler (needs the store's URL).",
+)
 
 
 @click.group("keys", invoke_without_command=True)
@@ -51,8 +40,9 @@ def keys(ctx):
 @click.option("--models", default="", help="Comma-separated models it may use (default: all).")
 @click.option("--expires", help="Lifetime, e.g. 12h, 30d, 8w (default: never).")
 @click.option("--json", "as_json", is_flag=True, help="Print the key and its secret as JSON.")
+@store_option
 @pass_state
-def keys_create(state, name, models, expires, as_json):
+def keys_create(state, name, models, expires, as_json, direct):
     """Create a key and print its secret, which is shown this once only."""
     model_list = [m.strip() for m in models.split(",") if m.strip()]
     try:
@@ -61,14 +51,22 @@ def keys_create(state, name, models, expires, as_json):
         raise click.BadParameter(str(e), param_hint="--expires") from None
     if not name.strip():
         raise click.BadParameter("must not be empty", param_hint="--name")
-    state.store()
-    row, secret = apikeys.create(name.strip(), model_list, expires_in)
+    if direct:
+        state.store()
+        now = time.time()
+        row, secret = apikeys.create(name.strip(), model_list, expires_in, now)
+        audit.record("keys.create", actor(), "local", row.id, name=row.name,
+                     models=model_list or None, expires_in=expires_in)  # fmt: skip
+        key = {**apikeys.key_json(row, now), "secret": secret}
+    else:
+        body = {"name": name.strip(), "models": model_list, "expires_in": expires_in}
+        key = client(state).post("/v1/keys", body)
     if as_json:
-        print_json({**key_json(row, time.time()), "secret": secret})
+        print_json(key)
         return
-    click.echo(secret)
+    click.echo(key["secret"])
     click.echo(
-        f"Created {row.id} ({row.name}). The secret above is shown only now; "
+        f"Created {key['id']} ({key['name']}). The secret above is shown only now; "
         "the router accepts it within a few seconds.",
         err=True,
     )
@@ -77,51 +75,45 @@ def keys_create(state, name, models, expires, as_json):
 @keys.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.option("--all", "show_all", is_flag=True, help="Include revoked and expired keys.")
+@store_option
 @pass_state
-def keys_list(state, as_json, show_all):
+def keys_list(state, as_json, show_all, direct=False):
     """List keys (active ones, unless --all)."""
-    state.store()
-    now = time.time()
-    rows = [
-        r
-        for r in ApiKey.select().order_by(ApiKey.created_at)
-        if show_all or state_of(r, now) == "active"
-    ]
+    if direct:
+        state.store()
+        rows = apikeys.listing(show_all, time.time())
+    else:
+        rows = client(state).get("/v1/keys", all="1" if show_all else None)
     if as_json:
-        print_json([key_json(r, now) for r in rows])
+        print_json(rows)
         return
     print_table(
         ["ID", "NAME", "PREFIX", "MODELS", "CREATED", "EXPIRES", "STATE"],
         [
-            [
-                r.id,
-                r.name,
-                r.prefix + "…",
-                ",".join(r.model_list) or "*",
-                when(r.created_at),
-                when(r.expires_at),
-                state_of(r, now),
-            ]
+            [r["id"], r["name"], r["prefix"] + "…", ",".join(r["models"]) or "*",
+             when(r["created_at"]), when(r["expires_at"]), r["state"]]
             for r in rows
         ],
-    )
+    )  # fmt: skip
 
 
 @keys.command("revoke")
 @click.argument("key_ids", nargs=-1, required=True, metavar="ID...")
+@store_option
 @pass_state
-def keys_revoke(state, key_ids):
-    """Revoke keys by id; the router refuses them within a few seconds.
+def keys_revoke(state, key_ids, direct):
+    """Revoke keys by id (all or none); the router refuses them within a few seconds.
 
     Ids can come from a pipeline: llmgw keys list --json | jq -r '.[].id' | xargs llmgw keys revoke
     """
-    state.store()
-    now = time.time()
-    missing = [k for k in key_ids if ApiKey.get_or_none(ApiKey.id == k) is None]
-    if missing:
-        raise click.ClickException(f"no such key: {', '.join(missing)} (see `llmgw keys list`)")
+    if direct:
+        state.store()
+        missing = apikeys.revoke(list(key_ids), time.time())
+        if missing:
+            raise click.ClickException(f"no such key: {', '.join(missing)} (see `llmgw keys list`)")
+        for key_id in key_ids:
+            audit.record("keys.revoke", actor(), "local", key_id)
+    else:
+        client(state).post("/v1/keys/revoke", {"ids": list(key_ids)})
     for key_id in key_ids:
-        ApiKey.update(revoked_at=now, updated_at=now).where(
-            (ApiKey.id == key_id) & ApiKey.revoked_at.is_null()
-        ).execute()
         click.echo(f"revoked {key_id}", err=True)

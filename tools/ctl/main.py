@@ -3,6 +3,7 @@
 import click
 
 from llmgw import cli as cli_common
+from llmgw_ctl.audit import audit
 from llmgw_ctl.catalog import scale
 from llmgw_ctl.common import State
 from llmgw_ctl.config import config
@@ -61,3 +62,4 @@ cli.add_command(retry)
 cli.add_command(scale)
 cli.add_command(logs)
 cli.add_command(restart)
+cli.add_command(audit)

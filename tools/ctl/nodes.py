@@ -1,55 +1,71 @@
 """`llmgw nodes` and `llmgw routers`: who may join the bus, and (nodes) what each reports."""
 
+import os
 import time
+from pathlib import Path
 
 import click
 
-from llmgw import bus
-from llmgw.store import BusPeer
-from llmgw_ctl.api import client
+from llmgw import audit, peers
+from llmgw_ctl.api import actor, client
 from llmgw_ctl.common import pass_state, print_json, print_table, when
 from llmgw_ctl.status import print_nodes
 
 
-def peer_json(p: BusPeer) -> dict:
-    return {"name": p.name, "kind": p.kind, "public_key": p.public_key, "created_at": p.created_at}
-
-
-def _add(state, name: str, kind: str, as_json: bool) -> None:
-    if not name or "/" in name or name == bus.SCHEDULER:
-        raise click.BadParameter(f"{name!r} cannot be a name", param_hint="NAME")
-    keys_dir = state.cfg.curve_dir()
-    state.store()
-    try:
-        bus.create_keypair(keys_dir, bus.SCHEDULER)  # agents and routers need its public key
-        public = bus.create_keypair(keys_dir, name)
-    except (OSError, bus.BusError) as e:
-        raise click.ClickException(f"cannot write keys under {keys_dir}: {e}") from None
-    existing = BusPeer.get_or_none(BusPeer.name == name)
-    if existing is not None and existing.public_key != public:
-        raise click.ClickException(
-            f"{name} is registered with another key; remove it first (or use another name)"
-        )
-    if existing is None:
-        BusPeer.create(name=name, kind=kind, public_key=public, created_at=time.time())
-    peer = BusPeer.get(BusPeer.name == name)
+def _add(state, name: str, kind: str, as_json: bool, direct: bool, out: Path | None) -> None:
+    if direct:
+        keys_dir = state.cfg.curve_dir()
+        state.store()
+        try:
+            peer = peers.peer_json(peers.register(keys_dir, name, kind))
+        except peers.PeerError as e:
+            raise click.ClickException(str(e)) from None
+        audit.record(f"{'nodes' if kind == 'agent' else 'routers'}.add", actor(), "local", name)
+        peer["key_dir"] = str(keys_dir)
+        if out is not None:
+            peer["files"] = peers.key_files(keys_dir, name)
+    else:
+        body = {"name": name, "kind": kind, "files": out is not None}
+        peer = client(state).post("/v1/peers", body)
+    files = peer.pop("files", None)
+    if out is not None:
+        _write_keys(out, files or {})
     if as_json:
-        print_json(peer_json(peer))
+        print_json(peer)
         return
-    click.echo(f"{name}: registered; its keypair is {keys_dir / (name + '.key_secret')}", err=True)
+    where = out or Path(peer["key_dir"])
+    host = "here" if out is not None or direct else "on the scheduler's host"
+    click.echo(f"{name}: registered; its keypair is {where / (name + '.key_secret')} ({host})",
+               err=True)  # fmt: skip
     click.echo(
-        f"copy that file and {keys_dir / 'scheduler.key'} to the {kind}'s {keys_dir}/", err=True
+        f"copy that file and {where / 'scheduler.key'} to the {kind}'s"
+        f" {state.cfg.curve_dir()}/ (mode 0600)",
+        err=True,
     )
 
 
+def _write_keys(out: Path, files: dict[str, str]) -> None:
+    """Write the peer's keypair and the scheduler's public key, 0600, each whole."""
+    try:
+        out.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name, text in files.items():
+            tmp = out / (name + ".part")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            tmp.rename(out / name)
+    except OSError as e:
+        raise click.ClickException(f"cannot write the keys to {out}: {e.strerror or e}") from None
+
+
 def _list(state, kind: str, as_json: bool) -> None:
-    state.store()
-    peers = list(BusPeer.select().where(BusPeer.kind == kind).order_by(BusPeer.name))
+    peers_ = client(state).get("/v1/peers", kind=kind)
     if as_json:
-        print_json([peer_json(p) for p in peers])
+        print_json(peers_)
         return
     print_table(
-        ["NAME", "PUBLIC KEY", "ADDED"], [[p.name, p.public_key, when(p.created_at)] for p in peers]
+        ["NAME", "PUBLIC KEY", "ADDED"],
+        [[p["name"], p["public_key"], when(p["created_at"])] for p in peers_],
     )
 
 
@@ -72,10 +88,21 @@ def nodes(ctx, as_json):
 @nodes.command("add")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write its keypair and the scheduler's public key into this directory.",
+)
+@click.option(
+    "--store",
+    "direct",
+    is_flag=True,
+    help="Register in the store directly, not through the scheduler.",
+)
 @pass_state
-def nodes_add(state, name, as_json):
+def nodes_add(state, name, as_json, out, direct):
     """Make NAME's CURVE keypair and let its agent in."""
-    _add(state, name, "agent", as_json)
+    _add(state, name, "agent", as_json, direct, out)
 
 
 @nodes.command("list")
@@ -102,10 +129,21 @@ def routers(ctx):
 @routers.command("add")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write its keypair and the scheduler's public key into this directory.",
+)
+@click.option(
+    "--store",
+    "direct",
+    is_flag=True,
+    help="Register in the store directly, not through the scheduler.",
+)
 @pass_state
-def routers_add(state, name, as_json):
+def routers_add(state, name, as_json, out, direct):
     """Make NAME's CURVE keypair and let the router subscribe."""
-    _add(state, name, "router", as_json)
+    _add(state, name, "router", as_json, direct, out)
 
 
 @routers.command("list")

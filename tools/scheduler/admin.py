@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from llmgw import log
+from llmgw import audit, log
 from llmgw.errors import ConfigError
 from llmgw.placement import place
 from llmgw.store import BusPeer
-from llmgw_scheduler import page
+from llmgw_scheduler import page, registry
 from llmgw_scheduler.inventory import LIVE
 
 _log = log.get("llmgw.scheduler.admin")
@@ -131,6 +131,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "llmgw-scheduler"
     sched = None  # set by serve()
     token = ""
+    cfg = None  # the whole config: where the bus keys live
 
     def log_message(self, fmt, *args):  # the audit of changes is logged by the scheduler
         pass
@@ -160,6 +161,8 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
+        if registry.get(self, parts, url.query):
+            return
         s = self.sched
         with s.lock:
             view = View(s)
@@ -233,9 +236,18 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return body
 
-    def _change(self, action: str, **fields) -> None:
-        """Every change is logged: who (the client's address), what, when (journald)."""
-        _log.info("admin_change", action=action, client=self.client_address[0], **fields)
+    def _change(self, action: str, target: str = "", **detail) -> None:
+        """Every change is logged and kept in the audit log: who (the actor the client
+        names, and its address), what, when. A store that cannot take the entry does
+        not undo the change; the log line still has it."""
+        actor = self.headers.get("X-Llmgw-Actor", "")[:200] or "unknown"
+        client = self.client_address[0]
+        _log.info("admin_change", action=action, target=target or None, actor=actor,
+                  client=client, **detail)  # fmt: skip
+        try:
+            audit.record(action, actor, client, target, **detail)
+        except Exception as e:  # the store is down: the journal keeps the change
+            _log.error("audit_write_failed", action=action, target=target, reason=str(e)[:200])
 
     def _restart(self, body: dict) -> None:
         """POST /v1/restarts: {"replicas": [...]} | {"model": M} | {"all": true}, with
@@ -279,7 +291,7 @@ class Handler(BaseHTTPRequestHandler):
                     f"no running replica '{e.args[0]}' (see `llmgw replicas`)",
                 )
             out = [View.restart(j) for j in jobs]
-        self._change("restart", replicas=",".join(ids) or None, in_place=in_place, **opts)
+        self._change("restart", ",".join(ids), in_place=in_place or None, **opts)
         self._send(202, {"queued": out})
 
     def do_DELETE(self):
@@ -295,7 +307,7 @@ class Handler(BaseHTTPRequestHandler):
                     return self._error(404, "model_not_found", f"no runtime model '{parts[2]}'")
                 except ConfigError as e:
                     return self._error(409, "defined_in_config", str(e))
-            self._change("remove_model", model=parts[2])
+            self._change("models.remove", parts[2])
             return self._send(202, {"model": parts[2], "queued": "remove"})
         self._error(404, "not_found", f"no such endpoint: DELETE {self.path}")
 
@@ -303,6 +315,8 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+        if registry.post(self, parts):
+            return
         s = self.sched
         if parts == ["v1", "models"]:
             body = self._body()
@@ -315,7 +329,7 @@ class Handler(BaseHTTPRequestHandler):
                     status = 409 if "exists already" in str(e) else 400
                     return self._error(status, "invalid_model", str(e))
                 model = View(s).model(m)
-            self._change("add_model", model=m.name)
+            self._change("models.add", m.name)
             return self._send(201, model)
         if len(parts) == 4 and parts[:2] == ["v1", "models"] and parts[3] == "scale":
             body = self._body()
@@ -331,7 +345,7 @@ class Handler(BaseHTTPRequestHandler):
                     return self._error(404, "model_not_found", f"no model '{parts[2]}'")
                 except ConfigError as e:
                     return self._error(400, "invalid_value", str(e))
-            self._change("scale", model=parts[2], min=lo, max=hi)
+            self._change("models.scale", parts[2], min=lo, max=hi)
             return self._send(202, {"model": parts[2], "min": lo, "max": hi, "queued": "scale"})
         if parts == ["v1", "restarts"]:
             body = self._body()
@@ -343,7 +357,7 @@ class Handler(BaseHTTPRequestHandler):
                 if not s.retry(parts[2]):
                     return self._error(404, "model_not_found", f"no model '{parts[2]}'")
                 s.wake = True
-            _log.info("admin_change", action="retry", model=parts[2], client=self.client_address[0])
+            self._change("models.retry", parts[2])
             return self._send(202, {"model": parts[2], "queued": "retry"})
         if len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] in ("drain", "undrain"):
             node, action = parts[2], parts[3]
@@ -356,7 +370,7 @@ class Handler(BaseHTTPRequestHandler):
                     s.undrain(node)
                 s.wake = True
                 s.routes_dirty = True
-            _log.info("admin_change", action=action, node=node, client=self.client_address[0])
+            self._change(f"nodes.{action}", node)
             return self._send(202, {"node": node, "queued": action})
         self._error(404, "not_found", f"no such endpoint: POST {self.path}")
 
@@ -365,9 +379,9 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
-def serve(sched, listen: str, token: str, ssl_context=None) -> ThreadingHTTPServer:
+def serve(sched, listen: str, token: str, ssl_context=None, cfg=None) -> ThreadingHTTPServer:
     host, _, port = listen.rpartition(":")
-    handler = type("BoundHandler", (Handler,), {"sched": sched, "token": token})
+    handler = type("BoundHandler", (Handler,), {"sched": sched, "token": token, "cfg": cfg})
     server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
     if ssl_context is not None:
         # The handshake happens on the handler's thread, so a slow client cannot stall

@@ -76,7 +76,9 @@ def main(config_path):
             ssl_context = tls.server_context(
                 cfg.file(cfg.scheduler.admin_tls_cert), cfg.file(cfg.scheduler.admin_tls_key)
             )
-        admin = serve_admin(sched, cfg.scheduler.admin_listen, admin_token(cfg), ssl_context)
+        admin = serve_admin(
+            sched, cfg.scheduler.admin_listen, admin_token(cfg), ssl_context, cfg=cfg
+        )
     except OSError as e:
         loop.close()
         raise click.ClickException(

@@ -13,6 +13,7 @@ from llmgw.store.migrations import migrate, pending  # noqa: F401  (re-exported)
 from llmgw.store.models import (  # noqa: F401  (re-exported)
     ALL_MODELS,
     ApiKey,
+    AuditEntry,
     BusPeer,
     ClusterSecret,
     DrainedNode,

@@ -33,7 +33,18 @@ def m005_runtime_models(db: peewee.Database) -> None:
     db.create_tables([m.RuntimeModel, m.ModelScale])
 
 
-MIGRATIONS = [m001_initial, m002_scheduler, m003_parking, m004_drains, m005_runtime_models]
+def m006_audit_log(db: peewee.Database) -> None:
+    db.create_tables([m.AuditEntry])
+
+
+MIGRATIONS = [
+    m001_initial,
+    m002_scheduler,
+    m003_parking,
+    m004_drains,
+    m005_runtime_models,
+    m006_audit_log,
+]
 
 
 def _applied(db: peewee.Database) -> set[str]:

@@ -146,6 +146,21 @@ class ModelScale(BaseModel):
         table_name = "model_scale"
 
 
+class AuditEntry(BaseModel):
+    """One change made through the admin API (or `--store`): who, what, when."""
+
+    id = peewee.BigAutoField()
+    at = peewee.DoubleField(index=True)
+    actor = peewee.CharField(max_length=200)  # as the client says: user@host
+    client = peewee.CharField(max_length=100)  # the address it came from, or "local"
+    action = peewee.CharField(max_length=64)  # e.g. keys.create, restart, drain
+    target = peewee.CharField(max_length=300, default="")  # what it acted on
+    detail = peewee.TextField(default="{}")  # JSON: the change's parameters, no secrets
+
+    class Meta:
+        table_name = "audit_log"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,
@@ -157,4 +172,5 @@ ALL_MODELS = [
     DrainedNode,
     RuntimeModel,
     ModelScale,
+    AuditEntry,
 ]

@@ -1,0 +1,106 @@
+"""The admin API's store-backed resources: API keys, bus peers and the audit log.
+
+These change the store, not the scheduler's state, so they take no scheduler lock:
+a slow store delays only the operator's command, never a placement pass.
+"""
+
+import time
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from llmgw import apikeys, audit, log, peers
+from llmgw.store import ApiKey
+
+_log = log.get("llmgw.scheduler.admin")
+
+
+def get(h, parts: list[str], query: str) -> bool:
+    """Answer a GET on keys, peers or the audit log; False if the path is not ours."""
+    q = {k: v[-1] for k, v in parse_qs(query).items()}
+    if parts == ["v1", "keys"]:
+        h._send(200, apikeys.listing(q.get("all") in ("1", "true"), time.time()))
+    elif parts == ["v1", "peers"]:
+        kind = q.get("kind", "agent")
+        if kind not in peers.KINDS:
+            h._error(400, "invalid_value", f"kind must be one of {', '.join(peers.KINDS)}")
+        else:
+            h._send(200, peers.listing(kind))
+    elif parts == ["v1", "audit"]:
+        try:
+            limit = min(10_000, max(1, int(q.get("limit", 100))))
+            since = float(q["since"]) if "since" in q else None
+        except ValueError:
+            h._error(400, "invalid_value", "limit and since must be numbers")
+            return True
+        h._send(200, audit.recent(limit, since, q.get("action")))
+    else:
+        return False
+    return True
+
+
+def post(h, parts: list[str]) -> bool:
+    """Answer a POST that creates keys or peers or revokes keys; False if not ours."""
+    if parts not in (["v1", "keys"], ["v1", "keys", "revoke"], ["v1", "peers"]):
+        return False
+    body = h._body()
+    if body is None:
+        return True
+    if parts == ["v1", "keys"]:
+        _create_key(h, body)
+    elif parts == ["v1", "keys", "revoke"]:
+        _revoke_keys(h, body)
+    else:
+        _add_peer(h, body)
+    return True
+
+
+def _create_key(h, body: dict) -> None:
+    name = body.get("name")
+    models = body.get("models", [])
+    expires_in = body.get("expires_in")
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        return h._error(400, "invalid_value", "name must be a non-empty string")
+    if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        return h._error(400, "invalid_value", "models must be a list of model names")
+    if expires_in is not None and (
+        not isinstance(expires_in, int | float) or isinstance(expires_in, bool) or expires_in <= 0
+    ):
+        return h._error(400, "invalid_value", "expires_in must be a number of seconds > 0")
+    now = time.time()
+    row, secret = apikeys.create(name.strip(), models, expires_in, now)
+    h._change("keys.create", row.id, name=row.name, models=models or None, expires_in=expires_in)
+    h._send(201, {**apikeys.key_json(row, now), "secret": secret})
+
+
+def _revoke_keys(h, body: dict) -> None:
+    ids = body.get("ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        return h._error(400, "invalid_value", "ids must be a non-empty list of key ids")
+    missing = apikeys.revoke(ids, time.time())
+    if missing:
+        return h._error(
+            404, "key_not_found", f"no such key: {', '.join(missing)} (see `llmgw keys list`)"
+        )
+    for key_id in ids:
+        h._change("keys.revoke", key_id)
+    now = time.time()
+    rows = ApiKey.select().where(ApiKey.id.in_(ids))
+    h._send(200, [apikeys.key_json(r, now) for r in rows])
+
+
+def _add_peer(h, body: dict) -> None:
+    name, kind = body.get("name"), body.get("kind")
+    if not isinstance(name, str) or not isinstance(kind, str):
+        return h._error(400, "invalid_value", "name and kind must be strings")
+    keys_dir = Path(h.cfg.curve_dir())
+    try:
+        peer = peers.register(keys_dir, name, kind)
+    except peers.PeerError as e:
+        status = 409 if "registered" in str(e) else 400
+        return h._error(status, "invalid_peer", str(e))
+    out = peers.peer_json(peer)
+    out["key_dir"] = str(keys_dir)
+    if body.get("files") is True:
+        out["files"] = peers.key_files(keys_dir, name)
+    h._change(f"{'nodes' if kind == 'agent' else 'routers'}.add", name, files=body.get("files"))
+    h._send(201, out)

@@ -1,6 +1,8 @@
 """The whole system with the real engine: the scheduler places Gemma on an agent, the
 agent starts llama-server, and the openai client is answered through the router."""
 
+import time
+
 import openai
 import pytest
 import requests
@@ -60,3 +62,23 @@ def test_the_scheduler_places_gemma_and_the_router_answers_with_it(fleet):
         lambda: fleet.metric(f'llmgw_model_replicas_ready{{model="{MODEL}"}}') == 1,
         what="the ready metric",
     )
+
+    # A restart through the real engine: the model answers at every step while a new
+    # llama-server loads beside the old one and takes over.
+    (old,) = [r["id"] for r in fleet.admin("/v1/replicas")]
+    result = fleet.ctl("restart", "--model", MODEL)
+    assert result.returncode == 0, result.stderr
+    deadline = time.monotonic() + 180
+    while True:
+        raw = client.completions.with_raw_response.create(
+            model=MODEL, prompt="Hello", max_tokens=1, temperature=0
+        )
+        assert raw.status_code == 200
+        replicas = fleet.admin("/v1/replicas")
+        if [(r["id"] != old, r["state"], r["restart"]) for r in replicas] == [
+            (True, "ready", None)
+        ]:
+            break
+        assert time.monotonic() < deadline, f"the restart did not finish: {replicas}"
+    (job,) = fleet.admin("/v1/restarts")
+    assert (job["replica"], job["state"], job["how"]) == (old, "done", "surge")

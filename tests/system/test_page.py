@@ -12,6 +12,7 @@ import requests
 
 from tests.helpers import eventually
 from tests.system.conftest import GiB
+from tests.system.test_tls import certmon
 
 
 def token(cluster) -> str:
@@ -90,6 +91,25 @@ def test_a_token_in_the_url_becomes_a_cookie_and_leaves_the_address_bar(served):
         assert [r.status_code for r in page.history] == [303]
         assert page.status_code == 200 and page.url == url(served, "/status")
         assert browser.get(url(served, "/"), timeout=5).status_code == 200, "the cookie works"
+
+
+def test_over_https_the_cookie_is_secure_and_still_opens_the_page(cluster):
+    etc = cluster.etc
+    certmon(etc, "init-ca")
+    pki = certmon(etc, "issue", "localhost", "--san", "127.0.0.1")
+    cluster.scheduler_extra = (
+        f'admin_tls_cert = "{pki / "localhost.crt"}"\nadmin_tls_key = "{pki / "localhost.key"}"\n'
+    )
+    cluster.start_scheduler()
+    base = f"https://127.0.0.1:{cluster.admin_port}"
+    ca = str(pki / "ca.crt")  # per request: REQUESTS_CA_BUNDLE would beat Session.verify
+    with requests.Session() as browser:
+        resp = browser.get(
+            f"{base}/status?token={token(cluster)}", verify=ca, allow_redirects=False, timeout=5
+        )
+        assert resp.status_code == 303
+        assert "Secure" in [part.strip() for part in resp.headers["Set-Cookie"].split(";")]
+        assert browser.get(f"{base}/status", verify=ca, timeout=5).status_code == 200
 
 
 def test_the_page_lists_the_nodes_and_the_model_with_its_ready_count(served):

@@ -103,6 +103,19 @@ class SchedulerConfig:
     # After its own start, wait this long for agents to report before starting anything,
     # so replicas that are already running are not started twice.
     settle_s: float = 5.0
+    # This scheduler's name among several sharing one PostgreSQL store (empty: the host
+    # name), and the admin URL a standby names when it answers for the leader (empty:
+    # http:// + admin_listen).
+    name: str = ""
+    admin_url: str = ""
+    # The leader lease, kept in the store and timed by the database's clock: it lasts
+    # lease_s, the leader renews it every renew_s and stops acting step_down_s after its
+    # last renewal (before the lease can pass to another); a standby tries every
+    # standby_retry_s. Need renew_s < step_down_s < lease_s.
+    lease_s: float = 15.0
+    renew_s: float = 5.0
+    step_down_s: float = 10.0
+    standby_retry_s: float = 2.0
 
 
 @dataclass

@@ -17,10 +17,13 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     BusPeer,
     ClusterSecret,
     DrainedNode,
+    Lease,
     MeasuredCapacity,
     ModelScale,
     ParkedModel,
+    ReplicaIntent,
     RuntimeModel,
+    SchedulerSeen,
     Usage,
     db_proxy,
 )

@@ -37,6 +37,10 @@ def m006_audit_log(db: peewee.Database) -> None:
     db.create_tables([m.AuditEntry])
 
 
+def m008_leadership(db: peewee.Database) -> None:
+    db.create_tables([m.Lease, m.SchedulerSeen, m.ReplicaIntent])
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -44,6 +48,7 @@ MIGRATIONS = [
     m004_drains,
     m005_runtime_models,
     m006_audit_log,
+    m008_leadership,
 ]
 
 

@@ -161,6 +161,49 @@ class AuditEntry(BaseModel):
         table_name = "audit_log"
 
 
+class Lease(BaseModel):
+    """The leader lease: one row. `epoch` rises by one on every takeover, never resets."""
+
+    id = peewee.IntegerField(primary_key=True)  # always 1
+    holder = peewee.CharField(max_length=300)  # name/host/pid/nonce of the leading process
+    name = peewee.CharField(max_length=200)
+    admin_url = peewee.CharField(max_length=300, default="")
+    epoch = peewee.BigIntegerField()
+    acquired_at = peewee.DoubleField()  # the database's clock, Unix seconds
+    expires_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "leader_lease"
+
+
+class SchedulerSeen(BaseModel):
+    """Each scheduler, as it last said it was (leader or standby), for `llmgw status`."""
+
+    name = peewee.CharField(primary_key=True, max_length=200)
+    holder = peewee.CharField(max_length=300)
+    role = peewee.CharField(max_length=16)
+    admin_url = peewee.CharField(max_length=300, default="")
+    seen_at = peewee.DoubleField()  # the database's clock
+
+    class Meta:
+        table_name = "schedulers"
+
+
+class ReplicaIntent(BaseModel):
+    """A replica the leader is about to start, written before the command is sent, so a
+    new leader knows what may be on its way to an agent and does not start it twice."""
+
+    id = peewee.CharField(primary_key=True, max_length=64)
+    model = peewee.CharField(max_length=200)
+    node = peewee.CharField(max_length=200)
+    profile = peewee.CharField(max_length=64)
+    epoch = peewee.BigIntegerField()
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "replica_intents"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,
@@ -173,4 +216,7 @@ ALL_MODELS = [
     RuntimeModel,
     ModelScale,
     AuditEntry,
+    Lease,
+    SchedulerSeen,
+    ReplicaIntent,
 ]

@@ -37,6 +37,26 @@ def m006_audit_log(db: peewee.Database) -> None:
     db.create_tables([m.AuditEntry])
 
 
+def m007_tenancy(db: peewee.Database) -> None:
+    """Orgs, teams, projects and users; limits and budgets and the routers' counters;
+    who each key and usage row belongs to; daily usage rollups."""
+    from playhouse.migrate import SchemaMigrator, migrate
+
+    from llmgw.store import tenancy as t
+
+    db.create_tables(t.TABLES)
+    # m001 creates api_keys and usage from today's models, which have these columns
+    # already; a store made before m007 gets them added.
+    mig = SchemaMigrator.from_database(db)
+    adds = []
+    for model, fields in ((m.ApiKey, ("user", "project", "band")),
+                          (m.Usage, ("user", "project", "team", "org", "cost"))):  # fmt: skip
+        table = model._meta.table_name
+        have = {c.name for c in db.get_columns(table)}
+        adds += [mig.add_column(table, f, getattr(model, f)) for f in fields if f not in have]
+    migrate(*adds)
+
+
 def m008_leadership(db: peewee.Database) -> None:
     db.create_tables([m.Lease, m.SchedulerSeen, m.ReplicaIntent])
 
@@ -48,6 +68,7 @@ MIGRATIONS = [
     m004_drains,
     m005_runtime_models,
     m006_audit_log,
+    m007_tenancy,
     m008_leadership,
 ]
 

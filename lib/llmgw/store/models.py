@@ -33,6 +33,12 @@ class ApiKey(BaseModel):
     revoked_at = peewee.DoubleField(null=True)
     # Bumped on every change, so routers can pick up changes incrementally.
     updated_at = peewee.DoubleField(index=True)
+    # Tenancy (m007): the user it belongs to, the project it works for, its priority
+    # band ("" : the project's band, else the router's default). Keys made before m007
+    # have no user.
+    user = peewee.CharField(max_length=200, null=True)
+    project = peewee.CharField(max_length=200, null=True)
+    band = peewee.CharField(max_length=32, default="")
 
     class Meta:
         table_name = "api_keys"
@@ -57,6 +63,13 @@ class Usage(BaseModel):
     status = peewee.IntegerField()
     latency_ms = peewee.DoubleField()
     ttft_ms = peewee.DoubleField(null=True)
+    # Attribution (m007), as the key's tenancy was when the request came, and its cost
+    # at the served model's prices (None: the model has no prices).
+    user = peewee.CharField(max_length=200, null=True)
+    project = peewee.CharField(max_length=200, null=True)
+    team = peewee.CharField(max_length=200, null=True)
+    org = peewee.CharField(max_length=200, null=True)
+    cost = peewee.DoubleField(null=True)
 
     class Meta:
         table_name = "usage"

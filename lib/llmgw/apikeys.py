@@ -36,8 +36,17 @@ def parse_duration(text: str) -> float:
     return int(match.group(1)) * _UNIT[match.group(2)]
 
 
-def create(name: str, models: list[str], expires_in: float | None, now: float | None = None):
-    """Create a key in the store; return (row, secret). The secret is never stored."""
+def create(
+    name: str,
+    models: list[str],
+    expires_in: float | None,
+    now: float | None = None,
+    user: str | None = None,
+    project: str | None = None,
+    band: str = "",
+):
+    """Create a key in the store; return (row, secret). The secret is never stored.
+    `user` and `project` must have been checked (llmgw.tenancy.key_owner)."""
     from llmgw.store import ApiKey
 
     now = time.time() if now is None else now
@@ -51,6 +60,9 @@ def create(name: str, models: list[str], expires_in: float | None, now: float | 
         created_at=now,
         expires_at=now + expires_in if expires_in else None,
         updated_at=now,
+        user=user,
+        project=project,
+        band=band or "",
     )
     return row, secret
 
@@ -81,6 +93,9 @@ def key_json(row, now: float) -> dict:
         "expires_at": row.expires_at,
         "revoked_at": row.revoked_at,
         "state": state_of(row, now),
+        "user": row.user,
+        "project": row.project,
+        "band": row.band or None,
     }
 
 

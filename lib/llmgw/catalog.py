@@ -35,6 +35,8 @@ class Model:
     max: int
     keep_alive_s: float
     fallbacks: tuple[str, ...]
+    input_per_mtok: float = 0.0  # price per million prompt tokens
+    output_per_mtok: float = 0.0  # ... and per million completion tokens
 
     @property
     def engine_id(self) -> str:
@@ -62,7 +64,14 @@ class Model:
             "args": list(self.args), "memory_bytes": self.memory_bytes,
             "min": self.min, "max": self.max,
             "fallbacks": list(self.fallbacks),
+            "pricing": {"input_per_mtok": self.input_per_mtok,
+                        "output_per_mtok": self.output_per_mtok},
         }  # fmt: skip
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """What a request cost at this model's prices."""
+        return (prompt_tokens * self.input_per_mtok
+                + completion_tokens * self.output_per_mtok) / 1e6  # fmt: skip
 
 
 def source_kind(source: str) -> str:
@@ -127,12 +136,16 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("scaling.keep_alive_s", "must not be negative")
         if s.min < 0 or s.max < 1 or s.min > s.max:
             raise bad("scaling", f"min {s.min} / max {s.max}: want 0 <= min <= max, max >= 1")
+        price = m.pricing
+        if price.input_per_mtok < 0 or price.output_per_mtok < 0:
+            raise bad("pricing", "prices must not be negative")
         out.append(Model(
             name=m.name, aliases=tuple(m.aliases), source=m.source, sha256=m.sha256,
             engine=m.engine, engine_version=m.engine_version, context=p.context,
             parallel=p.parallel, gpus=p.gpus, args=tuple(p.args), memory_bytes=p.memory_bytes,
             min=s.min, max=s.max, keep_alive_s=s.keep_alive_s,
-            fallbacks=tuple(m.fallbacks),
+            fallbacks=tuple(m.fallbacks), input_per_mtok=price.input_per_mtok,
+            output_per_mtok=price.output_per_mtok,
         ))  # fmt: skip
     for model in out:
         for fb in model.fallbacks:

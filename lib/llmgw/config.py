@@ -76,6 +76,23 @@ class RouterConfig:
     # Serve HTTPS with this certificate and key (e.g. from `llmgw-certmon issue`).
     tls_cert: str = ""
     tls_key: str = ""
+    # Priority bands, highest first: while a model's replicas are saturated, waiting
+    # requests are admitted band by band. A key's band, else its project's, else this.
+    bands: list[str] = field(default_factory=lambda: ["gold", "silver", "bronze"])
+    default_band: str = "silver"
+    # How long a request may wait for a saturated model (then a fallback, or 503).
+    queue_deadline_s: float = 30.0
+    # Requests one replica serves at once, for models the router does not know from the
+    # catalog ([[models]] profile.parallel); 0: never judge those saturated.
+    slots_per_replica: int = 0
+    # How often tenancy, limits, budgets and the catalog's prices are re-read.
+    limits_refresh_s: float = 2.0
+    # How long a request may wait for the background thread to lease more allowance
+    # from the store when this router's share of a limit has run out.
+    lease_wait_s: float = 0.5
+    # Tokens reserved for a request that sets no max_tokens while a token limit or
+    # budget applies to it; it is then sent to the engine as its max_tokens.
+    default_max_tokens: int = 4096
 
 
 @dataclass
@@ -185,6 +202,20 @@ class BackupConfig:
 
 
 @dataclass
+class PricingConfig:
+    # Price per million tokens, in whatever currency budgets are set in; 0: free.
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+
+
+@dataclass
+class UsageConfig:
+    # `llmgw usage rollup` keeps raw usage rows this many days (0: forever); older
+    # requests are kept as daily totals only.
+    retention_days: int = 90
+
+
+@dataclass
 class ModelConfig:
     name: str = ""
     aliases: list[str] = field(default_factory=list)
@@ -196,6 +227,7 @@ class ModelConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     fallbacks: list[str] = field(default_factory=list)
+    pricing: PricingConfig = field(default_factory=PricingConfig)
 
 
 @dataclass
@@ -208,6 +240,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     certmon: CertmonConfig = field(default_factory=CertmonConfig)
     backup: BackupConfig = field(default_factory=BackupConfig)
+    usage: UsageConfig = field(default_factory=UsageConfig)
     models: list[ModelConfig] = field(default_factory=list)
     source: str = ""  # the file this came from, "" for built-in defaults
 

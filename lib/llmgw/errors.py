@@ -11,3 +11,12 @@ class ConfigError(Error):
 
 class StoreError(Error):
     """The store cannot be opened, migrated or written."""
+
+
+class TenancyError(Error):
+    """A tenancy, limit or budget change that cannot be made; `kind` says why:
+    invalid (a bad value), not_found (no such record) or conflict (taken, or in use)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind

@@ -80,7 +80,8 @@ def test_the_example_config_loads_and_shows_every_key_with_its_default(tmp_path)
     text = config.example()
     cfg = config.load(write(tmp_path, text))
     defaults = config.Config()
-    for section in ("log", "store", "router", "scheduler", "agent", "certmon", "backup"):
+    sections = ("log", "store", "router", "scheduler", "agent", "certmon", "backup", "usage")
+    for section in sections:
         got, want = getattr(cfg, section), getattr(defaults, section)
         for f in dataclasses.fields(want):
             if f.name in ("endpoints", "engines"):
@@ -93,9 +94,10 @@ def test_the_example_config_loads_and_shows_every_key_with_its_default(tmp_path)
         config.ModelConfig,
         config.ProfileConfig,
         config.ScalingConfig,
+        config.PricingConfig,
     ):
         for f in dataclasses.fields(cls):
-            if f.name not in ("profile", "scaling"):
+            if f.name not in ("profile", "scaling", "pricing"):
                 assert f"# {f.name} = " in text, f"{cls.__name__}.{f.name} is not shown"
 
 

@@ -1,4 +1,5 @@
-"""The admin API's store-backed resources: API keys, bus peers and the audit log.
+"""The admin API's store-backed resources: API keys, bus peers, the audit log, and (in
+tenancy_api.py) orgs, teams, projects, users, limits, budgets and usage.
 
 These change the store, not the scheduler's state, so they take no scheduler lock:
 a slow store delays only the operator's command, never a placement pass.
@@ -8,14 +9,19 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from llmgw import apikeys, audit, log, peers
+from llmgw import apikeys, audit, log, peers, tenancy
+from llmgw.errors import TenancyError
 from llmgw.store import ApiKey
+from llmgw_scheduler import tenancy_api
 
 _log = log.get("llmgw.scheduler.admin")
 
 
 def get(h, parts: list[str], query: str) -> bool:
-    """Answer a GET on keys, peers or the audit log; False if the path is not ours."""
+    """Answer a GET on keys, peers, the audit log or tenancy (tenancy_api.py); False if
+    the path is not ours."""
+    if tenancy_api.get(h, parts, query):
+        return True
     q = {k: v[-1] for k, v in parse_qs(query).items()}
     if parts == ["v1", "keys"]:
         h._send(200, apikeys.listing(q.get("all") in ("1", "true"), time.time()))
@@ -39,7 +45,10 @@ def get(h, parts: list[str], query: str) -> bool:
 
 
 def post(h, parts: list[str]) -> bool:
-    """Answer a POST that creates keys or peers or revokes keys; False if not ours."""
+    """Answer a POST that creates keys or peers, revokes keys or changes tenancy; False
+    if not ours."""
+    if tenancy_api.post(h, parts):
+        return True
     if parts not in (["v1", "keys"], ["v1", "keys", "revoke"], ["v1", "peers"]):
         return False
     body = h._body()
@@ -66,9 +75,16 @@ def _create_key(h, body: dict) -> None:
         not isinstance(expires_in, int | float) or isinstance(expires_in, bool) or expires_in <= 0
     ):
         return h._error(400, "invalid_value", "expires_in must be a number of seconds > 0")
+    try:
+        user, project = tenancy.key_owner(body.get("user"), body.get("project"))
+        band = tenancy.check_band(body.get("band"), h.cfg.router.bands if h.cfg else None)
+    except TenancyError as e:
+        status = 404 if e.kind == "not_found" else 400
+        return h._error(status, f"tenancy_{e.kind}", str(e))
     now = time.time()
-    row, secret = apikeys.create(name.strip(), models, expires_in, now)
-    h._change("keys.create", row.id, name=row.name, models=models or None, expires_in=expires_in)
+    row, secret = apikeys.create(name.strip(), models, expires_in, now, user, project, band)
+    h._change("keys.create", row.id, name=row.name, models=models or None, expires_in=expires_in,
+              user=user, project=project, band=band or None)  # fmt: skip
     h._send(201, {**apikeys.key_json(row, now), "secret": secret})
 
 

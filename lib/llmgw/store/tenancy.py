@@ -145,11 +145,12 @@ class UsageDaily(BaseModel):
 
 
 class UsageDay(BaseModel):
-    """A day whose raw usage rows were pruned: its rollup is final, and raw rows that
-    arrive for it late are added to it, not recounted."""
+    """A UTC day whose raw usage rows have been rolled up, up to row `last_id`; rows that
+    arrive for it later are rolled up by the next run."""
 
     day = peewee.DoubleField(primary_key=True)
-    closed_at = peewee.DoubleField()
+    rolled_at = peewee.DoubleField()
+    last_id = peewee.BigIntegerField()
 
     class Meta:
         table_name = "usage_days"

@@ -55,7 +55,7 @@ class Proc:
     def wait_healthy(self, timeout: float = 20.0, ok=(200,)) -> None:
         def up():
             if self.p.poll() is not None:
-                raise AssertionError(f"{self.argv[0]} exited {self.p.returncode}:\n{self.log()}")
+                return True  # no use waiting: said below
             try:
                 return requests.get(self.health, timeout=1).status_code in ok
             except requests.ConnectionError:
@@ -64,9 +64,10 @@ class Proc:
         try:
             eventually(up, timeout, what=f"{self.health} to answer")
         except AssertionError as e:
-            if self.p.poll() is not None:
-                raise
             raise AssertionError(f"{e}\n--- log ---\n{self.log()}") from None
+        if self.p.poll() is not None:
+            self._log.close()  # nobody will stop() it
+            raise AssertionError(f"{self.argv[0]} exited {self.p.returncode}:\n{self.log()}")
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.p.poll() is None:

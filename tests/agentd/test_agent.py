@@ -218,3 +218,27 @@ def test_a_bad_config_is_a_one_line_error(tmp_path):
     result = CliRunner().invoke(main, ["--config", str(cfg)])
     assert result.exit_code == 1
     assert "unknown key 'agent.heartbeats'" in result.output
+
+
+def test_a_deposed_leader_is_told_its_epoch_is_stale_even_after_the_agent_restarts(
+    scheduler, node, model_file
+):
+    agent = node.start()
+    scheduler.wait("hello")
+    scheduler.send(NODE, "leader", {"epoch": 5, "name": "s2"}, epoch=5)
+    eventually(lambda: "leader_epoch epoch=5" in agent.log(), what="the new epoch")
+    assert (node.state / "epoch").read_text().strip() == "5"
+    agent.stop()
+
+    scheduler.forget()
+    agent = node.start()
+    scheduler.wait("hello")
+    # The old leader (epoch 4) asks for a start: refused, and told why.
+    scheduler.send(NODE, "start_shard", start_body("r-9", str(model_file)), epoch=4)
+    refused = scheduler.wait("refused")
+    assert refused["type"] == "start_shard" and refused["epoch"] == 4
+    assert "older than epoch 5" in refused["reason"]
+    assert "shard_accepted" not in agent.log()
+    # Its heartbeats carry the newest epoch, so a deposed leader hears of it anyway.
+    scheduler.wait("heartbeat")
+    assert {m["epoch"] for m in scheduler.messages("heartbeat")} == {5}

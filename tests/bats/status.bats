@@ -71,7 +71,7 @@ teardown_file() {
 @test "status --json is one object with nodes, models and replicas" {
     run llmgw status --json
     [ "$status" -eq 0 ]
-    [ "$(echo "$output" | jq -r 'keys | join(",")')" = "models,nodes,replicas,restarts" ]
+    [ "$(echo "$output" | jq -r 'keys | join(",")')" = "control_plane,models,nodes,replicas,restarts" ]
     [ "$(echo "$output" | jq -r '.models[0] | "\(.name) \(.ready)/\(.min)"')" = "lonely 0/1" ]
     [ "$(echo "$output" | jq '.replicas')" = "[]" ]
 }

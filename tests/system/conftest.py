@@ -40,10 +40,12 @@ class Cluster:
         self.tmp = tmp
         self.etc = tmp / "etc"
         self.etc.mkdir(exist_ok=True)
-        self.bus = f"tcp://127.0.0.1:{free_port()}"
-        self.pub = f"tcp://127.0.0.1:{free_port()}"
-        self.sched_metrics = free_port()
-        self.admin_port = free_port()
+        # Every scheduler's ports by name; the first is the one the helpers below use
+        # unless told otherwise. add_scheduler() makes a fleet with a standby.
+        self.sched_ports: dict[str, dict] = {}
+        self.add_scheduler("s1")
+        self.schedulers: dict[str, Proc] = {}
+        self.lease = "lease_s = 3.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
         self.admin_scheme = "http"
         self.scheduler_extra = ""  # more [scheduler] lines, e.g. for TLS
         self.models: list[dict] = []
@@ -52,6 +54,35 @@ class Cluster:
         self.router: Proc | None = None
         self.router_url = ""
         self.secret = ""
+
+    def add_scheduler(self, name: str) -> None:
+        """Another scheduler sharing the store (PostgreSQL for a standby); agents and the
+        router are configured with every scheduler added before they start."""
+        self.sched_ports[name] = {
+            "bus": f"tcp://127.0.0.1:{free_port()}",
+            "pub": f"tcp://127.0.0.1:{free_port()}",
+            "metrics": free_port(),
+            "admin": free_port(),
+        }
+
+    @property
+    def bus(self) -> str:
+        return self.sched_ports["s1"]["bus"]
+
+    @property
+    def pub(self) -> str:
+        return self.sched_ports["s1"]["pub"]
+
+    @property
+    def sched_metrics(self) -> int:
+        return self.sched_ports["s1"]["metrics"]
+
+    @property
+    def admin_port(self) -> int:
+        return self.sched_ports["s1"]["admin"]
+
+    def _all(self, what: str) -> str:
+        return toml_list(p[what] for p in self.sched_ports.values())
 
     # -- config ------------------------------------------------------------------------
 
@@ -113,28 +144,35 @@ class Cluster:
 
     # -- processes ---------------------------------------------------------------------
 
-    def start_scheduler(self) -> Proc:
-        cfg = self.tmp / "scheduler.toml"
+    def start_scheduler(self, name: str = "s1") -> Proc:
+        ports = self.sched_ports[name]
+        suffix = "" if name == "s1" else f"-{name}"
+        cfg = self.tmp / f"scheduler{suffix}.toml"
         cfg.write_text(
-            self._common(self.tmp / "scheduler-state")
-            + f'[scheduler]\nbus = "{self.bus}"\npublish = "{self.pub}"\n'
-            f'metrics_listen = "127.0.0.1:{self.sched_metrics}"\ntick_s = 0.2\n'
-            f'admin_listen = "127.0.0.1:{self.admin_port}"\n'
+            self._common(self.tmp / f"scheduler-state{suffix}")
+            + f'[scheduler]\nname = "{name}"\nbus = "{ports["bus"]}"\n'
+            f'publish = "{ports["pub"]}"\n'
+            f'metrics_listen = "127.0.0.1:{ports["metrics"]}"\ntick_s = 0.2\n'
+            f'admin_listen = "127.0.0.1:{ports["admin"]}"\n'
             "node_lost_s = 3.0\nsnapshot_s = 1.0\nsettle_s = 1.5\nbackoff_base_s = 0.5\n"
             "backoff_max_s = 2.0\nstart_timeout_s = 20.0\n"
+            + self.lease
             + self.scheduler_extra
             + self._engines()
             + self._models()
         )
-        self.scheduler = Proc(
+        proc = Proc(
             [str(BIN / "llmgw-scheduler"), "--config", str(cfg)],
-            self.tmp / "scheduler.log",
-            health=f"http://127.0.0.1:{self.sched_metrics}/metrics",
+            self.tmp / f"scheduler{suffix}.log",
+            health=f"http://127.0.0.1:{ports['metrics']}/metrics",
         )
-        self.scheduler.wait_healthy()
-        return self.scheduler
+        proc.wait_healthy()
+        self.schedulers[name] = proc
+        if name == "s1":
+            self.scheduler = proc
+        return proc
 
-    def ctl(self, *args: str) -> subprocess.CompletedProcess:
+    def ctl(self, *args: str, scheduler: str = "s1") -> subprocess.CompletedProcess:
         """Run the real `llmgw` against this cluster's admin API (its token file included)."""
         cfg = self.tmp / "ctl.toml"
         cfg.write_text(self._common(self.tmp / "ctl-state"))
@@ -142,7 +180,7 @@ class Cluster:
             "--config",
             str(cfg),
             "--admin-url",
-            f"{self.admin_scheme}://127.0.0.1:{self.admin_port}",
+            f"{self.admin_scheme}://127.0.0.1:{self.sched_ports[scheduler]['admin']}",
             *args,
             env={"LLMGW_CONFIG": "", "LLMGW_ADMIN_URL": "", "LLMGW_ADMIN_TOKEN": ""},
             check=False,
@@ -165,7 +203,7 @@ class Cluster:
         cfg = self.tmp / f"agent-{name}.toml"
         cfg.write_text(
             self._common(self.tmp / f"agent-{name}")
-            + f'[agent]\nname = "{name}"\nschedulers = ["{self.bus}"]\nheartbeat_s = 0.5\n'
+            + f'[agent]\nname = "{name}"\nschedulers = {self._all("bus")}\nheartbeat_s = 0.5\n'
             f"memory_bytes = {memory}\nport_min = {lo}\nport_max = {lo + 20}\n"
             'metrics_listen = "127.0.0.1:0"\n' + self._engines()
         )
@@ -181,8 +219,8 @@ class Cluster:
         port = free_port()
         cfg.write_text(
             self._common(self.tmp / "router-state")
-            + f'[router]\nlisten = "127.0.0.1:{port}"\nschedulers = ["{self.pub}"]\n'
-            f'scheduler_bus = ["{self.bus}"]\nactivation_window_s = 20.0\n'
+            + f'[router]\nlisten = "127.0.0.1:{port}"\nschedulers = {self._all("pub")}\n'
+            f"scheduler_bus = {self._all('bus')}\nactivation_window_s = 20.0\n"
             'bus_name = "router"\nkey_refresh_s = 0.2\ncooldown_s = 0.5\n'
         )
         self.router_url = f"http://127.0.0.1:{port}"
@@ -211,11 +249,12 @@ class Cluster:
         except requests.RequestException:
             return False
 
-    def admin(self, path: str):
+    def admin(self, path: str, scheduler: str = "s1"):
         """GET the admin API's JSON (fast enough to poll, unlike running `llmgw`)."""
         token = (self.etc / "secrets" / "admin.token").read_text().strip()
+        port = self.sched_ports[scheduler]["admin"]
         r = requests.get(
-            f"{self.admin_scheme}://127.0.0.1:{self.admin_port}{path}",
+            f"{self.admin_scheme}://127.0.0.1:{port}{path}",
             headers={"Authorization": f"Bearer {token}"},
             timeout=5,
             verify=False if self.admin_scheme == "https" else True,
@@ -223,12 +262,16 @@ class Cluster:
         r.raise_for_status()
         return r.json()
 
-    def metric(self, name: str) -> float:
-        text = requests.get(f"http://127.0.0.1:{self.sched_metrics}/metrics", timeout=5).text
+    def metric(self, name: str, scheduler: str = "s1", default: float | None = 0.0) -> float:
+        """A series' value from a scheduler's /metrics; `default` if it is not published
+        (None: fail)."""
+        port = self.sched_ports[scheduler]["metrics"]
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         for line in text.splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[-1])
-        return 0.0
+        assert default is not None, f"{name} is not published by {scheduler}"
+        return default
 
     def shards(self, node: str) -> list[dict]:
         """The shards an agent's state files record (what runs on that node)."""
@@ -252,7 +295,7 @@ class Cluster:
         return pids
 
     def stop(self) -> None:
-        for proc in [self.router, self.scheduler, *self.agents.values()]:
+        for proc in [self.router, *self.schedulers.values(), *self.agents.values()]:
             if proc is not None:
                 proc.stop()
         for pid in self.engine_pids():

@@ -88,7 +88,9 @@ def test_status_shows_the_served_model_ready_on_node_a_and_both_nodes_up(served)
 
 def test_json_output_is_the_api_object_with_one_shape_per_object_in_every_command(served):
     status = ctl_json(served, "status")
-    assert set(status) == {"nodes", "models", "replicas", "restarts"}
+    assert set(status) == {"nodes", "models", "replicas", "restarts", "control_plane"}
+    assert status["control_plane"]["role"] == "leader"
+    assert status["control_plane"]["leader"]["name"] == status["control_plane"]["name"]
     assert status["restarts"] == []
     assert {n["name"] for n in status["nodes"]} == {"node-a", "node-b"}
     assert all(set(n) == NODE_KEYS for n in status["nodes"])

@@ -10,6 +10,7 @@ with grace — runs in threads that post events to a queue; only this loop's thr
 touches the sockets.
 """
 
+import os
 import queue
 import socket
 import threading
@@ -35,6 +36,29 @@ POLL_MS = 100
 # before `llmgw nodes add` registered it would never get in. A fresh socket tries again.
 RECONNECT_S = 5.0
 CONNECT_GRACE_S = 2.0
+
+
+def read_epoch(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def write_epoch(path: Path, epoch: int) -> None:
+    """Durably: written beside, synced, renamed, so a crash leaves the old or the new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "w") as f:
+        f.write(f"{epoch}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.rename(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -65,7 +89,11 @@ class Agent:
             cfg.agent, state_dir, self.installer, Weights(state_dir), self._on_shard,
             start_timeout_s=getattr(cfg.agent, "start_timeout_s", START_TIMEOUT_S),
         )  # fmt: skip
-        self.epoch = 0
+        # The newest leader epoch seen, kept on disk: a restarted agent must still refuse
+        # a deposed leader.
+        self.epoch_file = state_dir / "epoch"
+        self.epoch = read_epoch(self.epoch_file)
+        metrics.EPOCH.set(self.epoch)
         self.links: list[Link] = []
         self._next_beat = 0.0
         self._unsupported: set[str] = set()
@@ -143,7 +171,7 @@ class Agent:
 
     # -- receiving -------------------------------------------------------------------------
 
-    def handle(self, data: bytes) -> None:
+    def handle(self, data: bytes, link: Link | None = None) -> None:
         try:
             msg = bus.decode(data)
         except bus.BusError as e:
@@ -152,12 +180,23 @@ class Agent:
         epoch = msg.get("epoch", 0)
         if not isinstance(epoch, int):
             epoch = 0
-        if epoch < self.epoch:
-            # A scheduler that lost its lease may not know it yet; its word is void.
-            _log.warning("stale_command", type=msg["type"], epoch=epoch, newest=self.epoch)
-            return
-        self.epoch = epoch
         kind, body = msg["type"], msg["body"]
+        if epoch < self.epoch:
+            # A scheduler that lost its lease may not know it yet; its word is void, and
+            # it is told so (it steps down on hearing of a newer epoch).
+            _log.warning("stale_command", type=kind, epoch=epoch, newest=self.epoch)
+            metrics.REFUSED.labels("stale_epoch").inc()
+            if link is not None:
+                reason = f"epoch {epoch} is older than epoch {self.epoch}, which leads now"
+                self._send(link, "refused", {"type": kind, "epoch": epoch, "reason": reason})
+            return
+        if epoch > self.epoch:
+            write_epoch(self.epoch_file, epoch)  # before acting on the new leader's word
+            _log.info("leader_epoch", epoch=epoch, was=self.epoch)
+            self.epoch = epoch
+            metrics.EPOCH.set(epoch)
+        if kind == "leader":
+            return  # the epoch is all it carries
         if kind == "start_shard":
             self.supervisor.start(body)
         elif kind == "stop_shard":
@@ -231,12 +270,13 @@ class Agent:
         try:
             while not stop.is_set():
                 for sock, _ in poller.poll(POLL_MS):
+                    link = next((lk for lk in self.links if lk.sock is sock), None)
                     while True:
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self.handle(frames[-1])
+                        self.handle(frames[-1], link)
                 self.supervisor.monitor()
                 self._drain_events()
                 now = time.monotonic()

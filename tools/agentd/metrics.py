@@ -1,6 +1,6 @@
 """llmgw-agentd's Prometheus metrics, set from the agent's state at every heartbeat."""
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from llmgw_agentd import engines, supervisor
 
@@ -14,6 +14,13 @@ MEMORY_AVAILABLE = Gauge("llmgw_agent_memory_available_bytes", "Memory available
 MEMORY_TOTAL = Gauge(
     "llmgw_agent_memory_total_bytes", "Memory on this node (or agent.memory_bytes)"
 )
+
+REFUSED = Counter(
+    "llmgw_agent_commands_refused_total",
+    "Commands refused, by why (stale_epoch: from a scheduler that no longer leads)",
+    ["reason"],
+)
+EPOCH = Gauge("llmgw_agent_leader_epoch", "The newest leader epoch this agent has seen")
 
 
 def update(body: dict) -> None:

@@ -106,6 +106,26 @@ def replica_state(r: dict) -> str:
     return r["state"] + (f" ({', '.join(notes)})" if notes else "")
 
 
+def control_plane_line(cp: dict) -> str:
+    """'LEADER s1 (epoch 3, lease 12.1s left)  STANDBY s2 (seen 0.4s ago)'."""
+    leader = cp.get("leader")
+    if cp.get("store_error"):
+        head = f"LEADER unknown: the store is unreachable ({cp['store_error']})"
+    elif leader:
+        head = (
+            f"LEADER {leader['name']} (epoch {leader['epoch']}, lease {leader['expires_in']}s left)"
+        )
+    else:
+        head = "LEADER none: no scheduler holds the lease; nothing is placed or restarted"
+    others = [
+        f"{s['name']} (seen {s['seen_s_ago']}s ago)"
+        for s in cp.get("schedulers", ())
+        if s["role"] == "standby"
+    ]
+    line = head + (f"  STANDBY {', '.join(others)}" if others else "")
+    return line + f"  [answered by {cp['name']}, {cp['role']}]"
+
+
 def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> None:
     """The REPLICA shape as aligned columns."""
     if detail:
@@ -178,6 +198,9 @@ def status(state, as_json):
         print_json(body)
         return
     now = time.time()
+    if body.get("control_plane"):
+        click.echo(control_plane_line(body["control_plane"]))
+        click.echo()
     click.echo("NODES")
     print_nodes(body["nodes"], now)
     click.echo("\nMODELS")

@@ -34,6 +34,23 @@ def endpoints_from(body: dict, static: list[Endpoint] = ()) -> list[Endpoint]:
     return eps
 
 
+def _newest(batch: list[bytes]) -> bytes:
+    """The table with the highest (epoch, seq) of those that queued up; the last one
+    if none can be read (handle() says why)."""
+    if len(batch) == 1:
+        return batch[0]
+    best, best_key = batch[-1], (-1, -1)
+    for data in batch:
+        try:
+            msg = bus.decode(data)
+            key = (int(msg.get("epoch", 0)), int(msg["body"].get("seq", 0)))
+        except (bus.BusError, TypeError, ValueError, AttributeError):
+            continue
+        if key >= best_key:
+            best, best_key = data, key
+    return best
+
+
 class Feed:
     def __init__(
         self,
@@ -54,6 +71,8 @@ class Feed:
         # Where to apply a new table (endpoints, known model names): on the event loop.
         self.apply = apply or table.replace
         self.seq = -1
+        self.epoch = -1
+        self._stale_logged = -1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ctx: zmq.Context | None = None
@@ -77,10 +96,21 @@ class Feed:
             return False
         body = msg["body"]
         seq = body.get("seq", 0)
+        epoch = msg.get("epoch", 0)
+        if not isinstance(seq, int) or not isinstance(epoch, int):
+            return False
+        # Several schedulers may publish: only the leader's newest table counts. A new
+        # epoch's table replaces everything (each table is whole, so there is no gap
+        # to fill); one from an older epoch is a deposed leader's and is ignored.
+        if (epoch, seq) < (self.epoch, self.seq):
+            if epoch != self._stale_logged:
+                _log.warning("stale_routes_ignored", epoch=epoch, newest=self.epoch)
+                self._stale_logged = epoch
+            return False
         eps = endpoints_from(body, self.static)
-        if seq != self.seq:
-            _log.info("routes_applied", seq=seq, endpoints=len(eps))
-        self.seq = seq
+        if (epoch, seq) != (self.epoch, self.seq):
+            _log.info("routes_applied", epoch=epoch, seq=seq, endpoints=len(eps))
+        self.epoch, self.seq = epoch, seq
         known = {}
         for m in body.get("models", ()):
             status = (m.get("state", "starting"), m.get("reason", ""))
@@ -178,12 +208,13 @@ class Feed:
                     _log.warning("schedulers_silent", seconds=SILENCE_S, action="reconnecting")
                     return
                 continue
-            data = sub.recv()
-            # Only the newest table matters: skip any that queued up behind it.
+            # Only the newest table matters: skip any that queued up behind it (handle()
+            # ignores a deposed leader's, whichever order they came in).
+            batch = [sub.recv()]
             while sub.poll(0):
-                data = sub.recv()
+                batch.append(sub.recv())
             last = now
-            self.handle(data)
+            self.handle(_newest(batch))
 
     def start(self) -> None:
         self.ctx = zmq.Context()

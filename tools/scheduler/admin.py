@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from llmgw import audit, log
+from llmgw import audit, lease, log
 from llmgw.errors import ConfigError
 from llmgw.placement import place
 from llmgw.store import BusPeer
@@ -172,7 +172,9 @@ class Handler(BaseHTTPRequestHandler):
                     "models": view.models(),
                     "replicas": view.replicas(),
                     "restarts": [j for j in view.restarts() if j["state"] != "done"],
-                }
+                    "control_plane": {"name": s.name, "epoch": s.epoch,
+                                      "role": "leader" if s.leading() else "standby"},
+                }  # fmt: skip
             elif parts == ["v1", "nodes"]:
                 body = view.nodes()
             elif parts == ["v1", "models"]:
@@ -196,7 +198,25 @@ class Handler(BaseHTTPRequestHandler):
                 body = view.placement(m)
             else:
                 return self._error(404, "not_found", f"no such endpoint: GET {url.path}")
+        if parts == ["v1", "status"]:
+            body["control_plane"].update(self._control_plane())
         self._send(200, body)
+
+    def _control_plane(self) -> dict:
+        """The lease and every scheduler, from the store (outside the scheduler's lock)."""
+        s = self.sched
+        if s.leadership is None:
+            return {}
+        try:
+            held = lease.current(s.leadership.db)
+            peers = lease.schedulers(s.leadership.db)
+        except Exception as e:
+            return {"store_error": str(e)[:200]}
+        leader = None
+        if held is not None and held.expires_in > 0:
+            leader = {"name": held.name, "admin_url": held.admin_url, "epoch": held.epoch,
+                      "expires_in": round(held.expires_in, 1)}  # fmt: skip
+        return {"leader": leader, "schedulers": peers}
 
     def _logs(self, node: str, shard: str, query: str) -> None:
         """Ask the node's agent for a shard's output and wait a few seconds for it.
@@ -294,8 +314,26 @@ class Handler(BaseHTTPRequestHandler):
         self._change("restart", ",".join(ids), in_place=in_place or None, **opts)
         self._send(202, {"queued": out})
 
+    def _standby(self) -> bool:
+        """Answer a change sent to a standby with who leads; True if it was."""
+        s = self.sched
+        if s.leading():
+            return False
+        held = None
+        if s.leadership is not None:
+            try:
+                held = lease.current(s.leadership.db)
+            except Exception:  # the store is down: say so, without a leader's name
+                held = None
+        if held is not None and held.expires_in > 0:
+            where = f"the leader is {held.name} at {held.admin_url} (epoch {held.epoch})"
+        else:
+            where = "no scheduler leads right now; try again in a few seconds"
+        self._error(409, "not_leader", f"scheduler {s.name} is a standby: {where}")
+        return True
+
     def do_DELETE(self):
-        if not self._authorised():
+        if not self._authorised() or self._standby():
             return
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
         s = self.sched
@@ -312,7 +350,7 @@ class Handler(BaseHTTPRequestHandler):
         self._error(404, "not_found", f"no such endpoint: DELETE {self.path}")
 
     def do_POST(self):
-        if not self._authorised():
+        if not self._authorised() or self._standby():
             return
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
         if registry.post(self, parts):

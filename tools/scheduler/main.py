@@ -2,6 +2,7 @@
 
 import secrets
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from llmgw.store import ClusterSecret, migrate, open_store, redact
 from llmgw_scheduler import metrics
 from llmgw_scheduler.admin import admin_token
 from llmgw_scheduler.admin import serve as serve_admin
+from llmgw_scheduler.leadership import Leadership, check_timings
 from llmgw_scheduler.needs import Needs
 from llmgw_scheduler.service import Loop, Scheduler
 
@@ -66,9 +68,12 @@ def main(config_path):
     sched.load_runtime_models()
     sched.load_parked()
     sched.load_drained()
+    leadership = lead(sched, db, cfg)
     try:
+        leadership.start()  # with SQLite: refuses if another scheduler runs on the store
         loop = Loop(sched, keys, cfg)
     except Error as e:
+        leadership.stop()
         raise click.ClickException(str(e)) from None
     try:
         ssl_context = None
@@ -81,6 +86,7 @@ def main(config_path):
         )
     except OSError as e:
         loop.close()
+        leadership.stop()
         raise click.ClickException(
             f"cannot serve the admin API on {cfg.scheduler.admin_listen}: {e.strerror or e}"
         ) from None
@@ -107,4 +113,36 @@ def main(config_path):
     finally:
         admin.shutdown()
         loop.close()
+        leadership.stop()  # hands the lease over at once
     _log.info("stopped")
+
+
+def lead(sched, db, cfg) -> Leadership:
+    """Wire the lease to the scheduler: a takeover and a loss change what it does."""
+    try:
+        check_timings(cfg)
+    except Error as e:
+        raise click.ClickException(str(e)) from None
+    s = cfg.scheduler
+    name = s.name or socket.gethostname()
+    scheme = "https" if s.admin_tls_cert else "http"
+    admin_url = s.admin_url or f"{scheme}://{s.admin_listen}"
+
+    def changed(epoch: int, leading: bool) -> None:
+        with sched.lock:
+            if leading:
+                sched.take_over(epoch, sched.clock())
+            else:
+                sched.step_down()
+
+    leadership = Leadership(db, cfg, name, admin_url, on_change=changed)
+    sched.name = name
+    sched.leadership = leadership
+    sched.leading = leadership.leading
+
+    def superseded(epoch: int, why: str) -> None:
+        if epoch > leadership.epoch:
+            leadership.lose(why)
+
+    sched.superseded = superseded
+    return leadership

@@ -1,6 +1,6 @@
 """The scheduler's Prometheus metrics, set from its inventory after every pass."""
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 NODES_UP = Gauge("llmgw_nodes_up", "Nodes heard from recently")
 NODES_LOST = Gauge("llmgw_nodes_lost", "Nodes that stopped heartbeating")
@@ -39,6 +39,14 @@ BACKUP = Gauge(
     "When the newest backup archive was written (0: never)",
 )
 
+LEADER = Gauge(
+    "llmgw_control_plane_leader", "1 while this scheduler holds the leader lease", ["scheduler"]
+)
+EPOCH = Gauge("llmgw_control_plane_epoch", "The newest leader epoch this scheduler took")
+RENEW_FAILURES = Counter(
+    "llmgw_control_plane_renew_failures_total", "Lease renewals that could not reach the store"
+)
+
 _STATES = ("pending", "starting", "ready", "draining", "stopping")
 
 
@@ -52,6 +60,16 @@ def watch_backups(directory) -> None:
         return found[1] if found else 0.0
 
     BACKUP.set_function(last)
+
+
+def standby() -> None:
+    """A standby publishes no fleet series: only the leader's count, so an alert never
+    fires twice, or on a standby's stale idea of what is parked."""
+    for labelled in (MEMORY_TOTAL, MEMORY_FREE, GPUS, REPLICAS, READY, DESIRED, IDLE,
+                     INSTALLS, PARKED, UNPLACEABLE, START_FAILURES):  # fmt: skip
+        labelled.clear()
+    NODES_UP.set(0)
+    NODES_LOST.set(0)
 
 
 def observe(sched) -> None:

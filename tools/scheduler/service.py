@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 
+import peewee
 import zmq
 
 from llmgw import apikeys, bus, catalog, config, log, restarts
@@ -20,7 +21,14 @@ from llmgw.catalog import Model
 from llmgw.errors import ConfigError
 from llmgw.placement import NodeView, place
 from llmgw.reconciler import Backoff, Desired, ReplicaView, after_failure, after_success, reconcile
-from llmgw.store import BusPeer, DrainedNode, ModelScale, ParkedModel, RuntimeModel
+from llmgw.store import (
+    BusPeer,
+    DrainedNode,
+    ModelScale,
+    ParkedModel,
+    ReplicaIntent,
+    RuntimeModel,
+)
 from llmgw_scheduler import metrics
 from llmgw_scheduler.inventory import LIVE, Inventory, Replica
 from llmgw_scheduler.needs import Needs
@@ -72,6 +80,13 @@ class Scheduler:
         self.restarts: list[restarts.Restart] = []
         # The admin API reads and changes this object from its own thread.
         self.lock = threading.RLock()
+        # Leadership (set by main): whether we may act now, and how to say we may not.
+        self.name = "scheduler"
+        self.leadership = None  # the Leadership, for the admin API's status
+        self.leading = lambda: True
+        self.superseded = lambda epoch, why: None
+        self.intents: set[str] = set()  # replica ids with a start intent in the store
+        self._intents_done: set[str] = set()  # reported by their agent: delete the intent
 
     # -- messages from agents ----------------------------------------------------------
 
@@ -79,6 +94,14 @@ class Scheduler:
         now = self.clock()
         body = msg["body"]
         kind = msg["type"]
+        seen = msg.get("epoch", 0)
+        if isinstance(seen, int) and seen > self.epoch and self.leading():
+            # An agent has had a command from a newer leader: we have been replaced.
+            self.superseded(seen, f"node {sender} has seen epoch {seen}")
+        if kind == "refused":
+            _log.warning("command_refused", node=sender, type=body.get("type"),
+                         reason=body.get("reason"))  # fmt: skip
+            return
         if kind in ("hello", "heartbeat"):
             node = self.inv.nodes.get(sender)
             if node is None or node.lost:
@@ -91,6 +114,9 @@ class Scheduler:
             changed, vanished = self.inv.shards_report(
                 sender, body.get("shards") or [], now, grace_s=self.cfg.start_timeout_s
             )
+            self._intents_done.update(
+                s.get("id") for s in body.get("shards") or () if s.get("id") in self.intents
+            )
             for r in vanished:
                 _log.warning("replica_vanished", replica=r.id, model=r.model, node=sender)
                 if r.state != "stopping":
@@ -100,6 +126,8 @@ class Scheduler:
             shard = body.get("shard") or {}
             before = self.inv.replicas.get(shard.get("id"))
             before_state = before.state if before else None
+            if shard.get("id") in self.intents:
+                self._intents_done.add(shard["id"])
             if self.inv.shard_update(sender, shard, now):
                 self.routes_dirty = True
                 self._shard_changed(sender, shard, before_state, now)
@@ -413,7 +441,7 @@ class Scheduler:
             holds,
         )
         for job, node in steps.surge:
-            job.replacement = self._start(job.model, node, now)
+            job.replacement = self._start(job.model, node, now) or ""
             _log.info("restart_replacing", replica=job.replica, model=job.model,
                       replacement=job.replacement, node=node, how=job.how)  # fmt: skip
         for job in steps.stop_now:
@@ -441,6 +469,67 @@ class Scheduler:
                 return job.state
         return None
 
+    # -- leadership ------------------------------------------------------------------------
+
+    def take_over(self, epoch: int, now: float) -> None:
+        """We lead from now, with `epoch`. Wait for fresh heartbeats before placing (the
+        settle time starts again), give every node its full node-lost time from now, and
+        read what the store says — the catalog, parks, drains, and the replicas the last
+        leader was starting — so nothing is started twice."""
+        self.epoch = epoch
+        self.started_at = now
+        for node in self.inv.nodes.values():
+            node.last_seen = max(node.last_seen, now)
+        dropped = [j.replica for j in self.restarts if j.active]
+        self.restarts = [j for j in self.restarts if not j.active]
+        if dropped:
+            _log.warning("restarts_dropped", replicas=",".join(dropped),
+                         why="leadership changed; run llmgw restart again")  # fmt: skip
+        self.install_catalog([mc for mc in self.model_configs if mc.name in self.config_names])
+        self.load_runtime_models()
+        self.parked.clear()
+        self.load_parked()
+        self.drained.clear()
+        self.load_drained()
+        for node in self.inv.nodes.values():
+            node.draining = node.id in self.drained
+        for row in ReplicaIntent.select():
+            self.intents.add(row.id)
+            if row.id not in self.inv.replicas:
+                # Asked for by the last leader, not reported yet: count it as pending, so
+                # it is not started again; the start timeout removes it if it never comes.
+                self.inv.replicas[row.id] = Replica(
+                    row.id, row.model, row.node, row.profile, "pending", now
+                )
+        self.routes_dirty = True
+        for node in self.inv.nodes:
+            self._send(node, "leader", {"epoch": epoch, "name": self.name})
+        _log.info("took_over", epoch=epoch, nodes=len(self.inv.nodes),
+                  replicas=len(self.inv.replicas), intents=len(self.intents))  # fmt: skip
+
+    def step_down(self) -> None:
+        """We no longer lead: send nothing more, keep listening (a warm standby)."""
+        self.outbox.clear()
+
+    def standby_tick(self) -> None:
+        """A standby's pass: keep the inventory's node states current, decide nothing."""
+        self.inv.mark_lost(self.clock(), self.cfg.node_lost_s)
+        metrics.standby()
+
+    def _forget_intents(self) -> None:
+        """Intents whose replicas an agent has reported are done with."""
+        done = self._intents_done & self.intents
+        self._intents_done.clear()
+        if not done:
+            return
+        try:
+            ReplicaIntent.delete().where(ReplicaIntent.id.in_(list(done))).execute()
+            self.intents -= done
+        except Exception as e:  # the store is down: try again on the next pass
+            self._intents_done |= done
+            _log.debug("intents_not_deleted", reason=str(e)[:200])
+            _reconnect_store()
+
     # -- the periodic pass ---------------------------------------------------------------
 
     def tick(self) -> None:
@@ -454,6 +543,7 @@ class Scheduler:
             )
             self.routes_dirty = True
         self._expire_pending(now)
+        self._forget_intents()
         if not self.settled(now):
             return
         desired = [self._desired(m, now) for m in self.models.values() if m.name not in self.parked]
@@ -588,12 +678,24 @@ class Scheduler:
                 self.inv.replicas.pop(r.id)
                 self._send(r.node, "stop_shard", {"id": r.id})
                 self._failed(r.model, now)
+                if r.id in self.intents:
+                    self._intents_done.add(r.id)
 
     # -- commands to agents ------------------------------------------------------------
 
-    def _start(self, model_name: str, node: str, now: float) -> str:
+    def _start(self, model_name: str, node: str, now: float) -> str | None:
+        """Start a replica: the intent goes to the store first, so a leader that takes
+        over knows it may be on its way; None if the store would not take it."""
         m = self.models[model_name]
         rid = "r-" + secrets.token_hex(4)
+        try:
+            ReplicaIntent.insert(id=rid, model=m.name, node=node, profile=m.profile_hash(),
+                                 epoch=self.epoch, created_at=now).execute()  # fmt: skip
+        except Exception as e:  # the store is down: start nothing we could not record
+            _log.warning("intent_not_written", model=m.name, node=node, reason=str(e)[:200])
+            _reconnect_store()
+            return None
+        self.intents.add(rid)
         key = apikeys.engine_key(self.cluster_secret, rid)
         self.inv.replicas[rid] = Replica(
             rid, m.name, node, m.profile_hash(), "pending", now, key=key
@@ -684,6 +786,12 @@ def _gib(n) -> str:
     return f"{int(n or 0) / 2**30:.1f}"
 
 
+def _reconnect_store() -> None:
+    from llmgw.store import drop_connection
+
+    drop_connection()
+
+
 def lookup_peer(public_key: str) -> str | None:
     """A registered peer's name, read from the store (on the authenticator's thread)."""
     from llmgw.store import db_proxy
@@ -712,7 +820,12 @@ class Loop:
         self.next_peers = 0.0
 
     def refresh_peers(self) -> None:
-        peers = list(BusPeer.select())
+        try:
+            peers = list(BusPeer.select())
+        except Exception as e:  # the store is down: keep the peers we know, reconnect later
+            _log.debug("peers_not_refreshed", reason=str(e)[:200])
+            _reconnect_store()
+            return
         self.auth.set_peers({p.public_key: p.name for p in peers})
         self.sched.registered_nodes = sorted(p.name for p in peers if p.kind == "agent")
 
@@ -731,10 +844,24 @@ class Loop:
                     self.next_peers = now + 2.0
                 if now >= s.next_tick or s.wake:
                     s.wake = False
-                    s.tick()
                     s.next_tick = now + self.cfg.scheduler.tick_s
-                self._flush()
-                self._publish(now)
+                    try:
+                        if s.leading():
+                            s.tick()
+                        else:
+                            s.standby_tick()
+                    except peewee.PeeweeException as e:
+                        # The store blipped mid-pass: the next pass starts again from what
+                        # the agents report (a start is only sent once its intent is kept).
+                        _log.warning("pass_failed", reason=str(e)[:200])
+                        _reconnect_store()
+                # Checked again right before sending: a pass that outlived our lease sends
+                # nothing (agents would refuse it anyway, by its epoch).
+                if s.leading():
+                    self._flush()
+                    self._publish(now)
+                else:
+                    s.step_down()
 
     def _receive(self) -> None:
         while True:

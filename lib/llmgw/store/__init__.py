@@ -4,6 +4,8 @@
 `migrate(db)` brings its schema up to date. Tools open the store once at start.
 """
 
+import os
+import sys
 from urllib.parse import unquote, urlparse
 
 import peewee
@@ -50,6 +52,8 @@ def database_for(url: str) -> peewee.Database:
             port=parsed.port,
             user=unquote(parsed.username) if parsed.username else None,
             password=unquote(parsed.password) if parsed.password else None,
+            # Which tool and process holds a connection, in pg_stat_activity.
+            application_name=f"{os.path.basename(sys.argv[0])[:40]}:{os.getpid()}",
         )
     raise StoreError(f"store URL {url!r}: scheme must be sqlite or postgresql")
 
@@ -69,6 +73,19 @@ def open_store(url: str, create_dirs: bool = True) -> peewee.Database:
         ) from None
     db_proxy.initialize(db)
     return db
+
+
+def drop_connection(db: peewee.Database | None = None) -> None:
+    """Forget this thread's connection after an error, so its next query opens a fresh
+    one: a PostgreSQL server that restarted, or terminated our backend, otherwise leaves
+    a dead connection that fails every query from then on."""
+    db = db or db_proxy.obj
+    if db is None:
+        return
+    try:
+        db.close()
+    except Exception:
+        db._state.reset()  # mid-transaction on a dead connection: nothing left to close
 
 
 def redact(url: str) -> str:

@@ -1,0 +1,232 @@
+"""Two schedulers on one real PostgreSQL store: one leads, one stands by, and the fleet
+keeps serving whatever happens to the leader."""
+
+import os
+import re
+import signal
+import threading
+import time
+
+import psycopg2
+import pytest
+
+from tests.helpers import eventually
+from tests.system.conftest import GiB
+
+
+@pytest.fixture
+def pg_store(monkeypatch, request):
+    """Every process of the cluster on one fresh PostgreSQL database."""
+    from tests.conftest import POSTGRES, _drop_pg_database, _fresh_pg_database
+
+    if not POSTGRES:
+        if os.environ.get("CI"):
+            pytest.fail("CI must set LLMGW_TEST_POSTGRES: PostgreSQL tests may not skip")
+        pytest.skip("LLMGW_TEST_POSTGRES is not set")
+    url = _fresh_pg_database(POSTGRES)
+    monkeypatch.setenv("LLMGW_STORE", url)
+    yield url
+    _drop_pg_database(POSTGRES, url)
+
+
+@pytest.fixture
+def pair(cluster, pg_store, api_key):
+    """s1 leading, s2 standing by, two nodes serving model m (one replica each), a router."""
+    cluster.add_scheduler("s2")
+    cluster.add_model("m", memory=GiB, min_=2, max_=2)
+    cluster.start_scheduler("s1")
+    eventually(lambda: role(cluster, "s1") == "leader", what="s1 to lead")
+    cluster.start_scheduler("s2")
+    cluster.start_agent("node-a", memory=3 * GiB)
+    cluster.start_agent("node-b", memory=3 * GiB)
+    cluster.start_router(api_key[1])
+    eventually(lambda: ready(cluster, "s1") == 2, timeout=30, what="two ready replicas")
+    eventually(lambda: cluster.serves("m"), what="m to be served")
+    return cluster
+
+
+def status(cluster, name):
+    return cluster.admin("/v1/status", scheduler=name)["control_plane"]
+
+
+def role(cluster, name) -> str:
+    try:
+        return status(cluster, name)["role"]
+    except Exception:
+        return "down"
+
+
+def ready(cluster, name) -> int:
+    return sum(1 for r in cluster.admin("/v1/replicas", scheduler=name) if r["state"] == "ready")
+
+
+def started(cluster) -> list[str]:
+    """Every replica id any scheduler asked an agent to start, once per ask."""
+    ids = []
+    for proc in cluster.schedulers.values():
+        ids += re.findall(r": start_replica replica=(\S+)", proc.log())
+    return ids
+
+
+class Traffic:
+    """Requests through the router, one after another, until stopped; counts failures."""
+
+    def __init__(self, cluster):
+        self.cluster, self.ok, self.failed = cluster, 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                r = self.cluster.chat("m")
+                if r.status_code == 200:
+                    self.ok += 1
+                else:
+                    self.failed.append(f"HTTP {r.status_code} {r.text[:200]}")
+            except Exception as e:
+                self.failed.append(repr(e))
+            time.sleep(0.05)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+def test_the_standby_takes_over_a_killed_leader_and_nothing_is_started_twice(pair):
+    epoch = status(pair, "s1")["epoch"]
+    assert status(pair, "s2")["role"] == "standby"
+    assert status(pair, "s2")["leader"]["name"] == "s1"
+    before = {r["id"] for r in pair.admin("/v1/replicas")}
+    traffic = Traffic(pair)
+    eventually(lambda: traffic.ok > 5, what="traffic to flow")
+
+    pair.schedulers["s1"].p.send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    # lease 3 s + standby retry 0.3 s, with room for a loaded machine.
+    eventually(lambda: role(pair, "s2") == "leader", timeout=15, what="s2 to lead")
+    took = time.monotonic() - t0
+    assert status(pair, "s2")["epoch"] == epoch + 1
+    # The new leader places work: a third replica, through its admin API.
+    assert pair.ctl("scale", "m", "--min", "3", "--max", "3", scheduler="s2").returncode == 0
+    eventually(lambda: ready(pair, "s2") == 3, timeout=30, what="a third replica")
+    traffic.stop()
+
+    assert traffic.failed == [], f"requests failed during the failover: {traffic.failed[:5]}"
+    ids = started(pair)
+    assert len(ids) == len(set(ids)) == 3, f"a replica was started twice: {ids}"
+    after = {r["id"] for r in pair.admin("/v1/replicas", scheduler="s2")}
+    assert before < after  # the old replicas were adopted, not restarted
+    print(f"takeover seen {took:.1f}s after the kill")
+
+
+def test_a_leader_stopped_past_its_lease_steps_down_when_it_wakes_and_acts_no_more(pair):
+    epoch = status(pair, "s1")["epoch"]
+    s1 = pair.schedulers["s1"]
+    s1.p.send_signal(signal.SIGSTOP)
+    try:
+        eventually(lambda: role(pair, "s2") == "leader", timeout=15, what="s2 to lead")
+        assert status(pair, "s2")["epoch"] == epoch + 1
+        # The agents learn the new epoch from the new leader at once.
+        eventually(
+            lambda: all(
+                "leader_epoch epoch=" + str(epoch + 1) in a.log() for a in pair.agents.values()
+            ),
+            what="the agents to see the new epoch",
+        )
+        woke_at = len(s1.log())
+    finally:
+        s1.p.send_signal(signal.SIGCONT)
+    eventually(lambda: ": stepped_down " in s1.log()[woke_at:], what="s1 to step down")
+    eventually(lambda: role(pair, "s1") == "standby", what="s1 to say it stands by")
+    # Everything s1 did after waking: no start, no stop, and its metric says standby.
+    assert not re.search(r": (start|stop)_replica ", s1.log()[woke_at:])
+    leader = 'llmgw_control_plane_leader{scheduler="%s"}'
+    assert pair.metric(leader % "s1", scheduler="s1", default=None) == 0
+    assert pair.metric(leader % "s2", scheduler="s2", default=None) == 1
+    # A standby publishes no fleet series, so no model alert fires twice.
+    with pytest.raises(AssertionError, match="is not published by s1"):
+        pair.metric('llmgw_model_replicas_ready{model="m"}', scheduler="s1", default=None)
+    # The new leader publishes them once it has settled (fresh heartbeats first).
+    eventually(
+        lambda: pair.metric('llmgw_model_replicas_ready{model="m"}', scheduler="s2") == 2,
+        what="s2 to publish the fleet's series",
+    )
+    # A change sent to the deposed leader is answered with who leads now.
+    result = pair.ctl("retry", "m", scheduler="s1")
+    assert result.returncode == 1
+    assert f"the leader is s2 at http://127.0.0.1:{pair.sched_ports['s2']['admin']}" in (
+        result.stderr
+    )
+    assert pair.serves("m")
+
+
+def test_a_leader_whose_database_connections_are_killed_never_leaves_two_leaders(pair):
+    s1 = pair.schedulers["s1"]
+    conn = psycopg2.connect(os.environ["LLMGW_TEST_POSTGRES"])
+    conn.autocommit = True
+    try:
+        cur = conn.cursor()
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (f"llmgw-scheduler:{s1.p.pid}",),
+        )
+        assert len(cur.fetchall()) >= 2  # its lease thread's and its loop's, at least
+    finally:
+        conn.close()
+    # Watch both for longer than a lease: never two leaders at once.
+    seen = []
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        roles = (role(pair, "s1"), role(pair, "s2"))
+        seen.append(roles)
+        assert roles.count("leader") <= 1, f"two leaders: {roles}"
+    assert seen[-1].count("leader") == 1, f"nobody leads at the end: {seen[-3:]}"
+    assert ": lease_store_failed " in s1.log()  # it did lose its connection
+    assert pair.serves("m")
+
+
+def test_with_no_scheduler_at_all_the_fleet_keeps_serving_and_a_new_one_restarts_nothing(pair):
+    replicas = {r["id"] for r in pair.admin("/v1/replicas")}
+    engines = pair.engine_pids()
+    for name in ("s2", "s1"):
+        pair.schedulers[name].stop()
+    for _ in range(20):  # routers keep their last table, engines keep running
+        assert pair.serves("m")
+    assert pair.engine_pids() == engines
+
+    pair.start_scheduler("s2")  # a fresh log
+    eventually(lambda: role(pair, "s2") == "leader", timeout=15, what="s2 to lead")
+    eventually(lambda: ready(pair, "s2") == 2, timeout=15, what="the replicas to be adopted")
+    # Published at the end of a full pass, after the settle time: it has decided.
+    eventually(
+        lambda: pair.metric('llmgw_model_replicas_desired{model="m"}', scheduler="s2") == 2,
+        what="a full pass by s2",
+    )
+    assert {r["id"] for r in pair.admin("/v1/replicas", scheduler="s2")} == replicas
+    assert "start_replica" not in pair.schedulers["s2"].log()
+    assert pair.engine_pids() == engines
+    assert pair.serves("m")
+
+
+def test_with_sqlite_a_second_scheduler_refuses_to_start_and_the_epoch_rises_on_every_start(
+    cluster,
+):
+    cluster.add_scheduler("s2")
+    cluster.add_model("m", memory=GiB)
+    cluster.start_scheduler("s1")
+    eventually(lambda: role(cluster, "s1") == "leader", what="s1 to lead")
+    assert status(cluster, "s1")["epoch"] == 1
+    with pytest.raises(AssertionError) as refused:
+        cluster.start_scheduler("s2")
+    assert "exited 1" in str(refused.value)
+    log = (cluster.tmp / "scheduler-s2.log").read_text()
+    assert "another llmgw-scheduler (s1, pid " in log
+    assert "SQLite allows one scheduler: use PostgreSQL for a standby" in log
+
+    cluster.schedulers["s1"].p.send_signal(signal.SIGKILL)  # no clean hand-over
+    cluster.schedulers["s1"].stop()
+    cluster.start_scheduler("s1")
+    eventually(lambda: role(cluster, "s1") == "leader", what="s1 to lead again")
+    assert status(cluster, "s1")["epoch"] == 2

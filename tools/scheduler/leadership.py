@@ -1,0 +1,178 @@
+"""Which scheduler leads: the lease, kept on its own thread with its own store connection.
+
+The leader renews every renew_s. It may act only while `leading()`: until step_down_s
+after the start of its last successful renewal, on its own monotonic clock. The loop
+checks that before every pass and before sending any command, so a leader that was
+stopped (SIGSTOP, a long GC, a hung disk) and wakes after its lease could have passed
+on sends nothing: it steps down on the spot. A standby tries for the lease every
+standby_retry_s; when it gets it, the scheduler takes over (see Scheduler.take_over).
+
+With SQLite there is exactly one scheduler: a second one refuses to start while the
+first lives. The epoch still rises on every start, so a hung old process is fenced out.
+"""
+
+import os
+import socket
+import threading
+import time
+
+import peewee
+
+from llmgw import lease, log
+from llmgw.errors import Error
+from llmgw.store import drop_connection
+from llmgw_scheduler import metrics
+
+_log = log.get("llmgw.scheduler.leadership")
+
+
+class LeadershipError(Error):
+    """This scheduler cannot run beside the one that holds the lease."""
+
+
+def check_timings(cfg) -> None:
+    s = cfg.scheduler
+    if not 0 < s.renew_s < s.step_down_s < s.lease_s or s.standby_retry_s <= 0:
+        raise LeadershipError(
+            f"scheduler timings: need 0 < renew_s ({s.renew_s:g}) < step_down_s"
+            f" ({s.step_down_s:g}) < lease_s ({s.lease_s:g}) and standby_retry_s > 0"
+        )
+
+
+def _alive_here(holder: str) -> bool:
+    """Whether a holder id (name/host/pid/nonce) names a live process on this host."""
+    parts = holder.split("/")
+    if len(parts) != 4 or parts[1] != socket.gethostname() or not parts[2].isdigit():
+        return False
+    try:
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Leadership:
+    def __init__(self, db: peewee.Database, cfg, name: str, admin_url: str, on_change=None):
+        self.db = db
+        self.s = cfg.scheduler
+        self.name = name
+        self.admin_url = admin_url
+        self.holder = lease.holder_id(name)
+        self.sqlite = not isinstance(db, peewee.PostgresqlDatabase)
+        self.epoch = 0  # ours while leading; the newest we took otherwise
+        self._valid_until = 0.0  # monotonic
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Called (from this thread) with (epoch, True) on a takeover and (epoch, False)
+        # when the lease is known lost.
+        self.on_change = on_change or (lambda epoch, leading: None)
+        self.renew_failures = 0
+        self._failing = False
+
+    # -- asked by the loop ---------------------------------------------------------------
+
+    def leading(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            return self.epoch > 0 and now < self._valid_until
+
+    def lose(self, why: str) -> None:
+        """Step down now (an agent has seen a newer epoch, or the lease ran out)."""
+        with self._lock:
+            was = self._valid_until > 0
+            self._valid_until = 0.0
+        if was:
+            _log.warning("stepped_down", epoch=self.epoch, reason=why)
+            self.on_change(self.epoch, False)
+
+    # -- starting --------------------------------------------------------------------------
+
+    def start_sqlite(self) -> None:
+        """SQLite: take the lease now, with the epoch one higher, unless another live
+        scheduler holds it."""
+        held = lease.current(self.db)
+        if held is not None and held.expires_in > 0 and held.holder and _alive_here(held.holder):
+            pid = held.holder.split("/")[2]
+            raise LeadershipError(
+                f"another llmgw-scheduler ({held.name}, pid {pid}) is running on this SQLite"
+                " store; SQLite allows one scheduler: use PostgreSQL for a standby"
+            )
+        t0 = time.monotonic()
+        epoch = lease.acquire(self.db, self.holder, self.name, self.admin_url, self.s.lease_s,
+                              force=True)  # fmt: skip
+        self._took(epoch, t0)
+
+    def start(self) -> None:
+        if self.sqlite:
+            self.start_sqlite()
+        self._thread = threading.Thread(target=self._run, name="leadership", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """On a clean stop, give the lease up so a standby need not wait it out."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.leading():
+            try:
+                lease.release(self.db, self.holder, self.epoch)
+                _log.info("lease_released", epoch=self.epoch)
+            except peewee.PeeweeException as e:
+                _log.warning("lease_release_failed", reason=str(e)[:200])
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _took(self, epoch: int, t0: float) -> None:
+        with self._lock:
+            self.epoch = epoch
+            self._valid_until = t0 + self.s.step_down_s
+        _log.info("leading", name=self.name, epoch=epoch)
+        metrics.EPOCH.set(epoch)
+        self.on_change(epoch, True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            leading = self.leading()
+            t0 = time.monotonic()
+            try:
+                if leading:
+                    if lease.renew(self.db, self.holder, self.epoch, self.s.lease_s):
+                        with self._lock:
+                            self._valid_until = t0 + self.s.step_down_s
+                        self._healthy()
+                    else:
+                        self.lose("the lease passed to another scheduler or ran out")
+                else:
+                    if self._valid_until:  # ran out without a renewal: the loop has stopped
+                        self.lose(f"no renewal for {self.s.step_down_s:g}s")
+                    epoch = lease.acquire(self.db, self.holder, self.name, self.admin_url,
+                                          self.s.lease_s)  # fmt: skip
+                    self._healthy()
+                    if epoch is not None:
+                        self._took(epoch, t0)
+                lease.seen(self.db, self.name, self.holder,
+                           "leader" if self.leading() else "standby", self.admin_url)  # fmt: skip
+            except peewee.PeeweeException as e:
+                self._store_failed(e, leading)
+            metrics.LEADER.labels(self.name).set(1 if self.leading() else 0)
+            wait = self.s.renew_s if self.leading() else self.s.standby_retry_s
+            self._stop.wait(max(0.0, wait - (time.monotonic() - t0)))
+
+    def _healthy(self) -> None:
+        if self._failing:
+            _log.info("store_reachable_again", epoch=self.epoch)
+            self._failing = False
+
+    def _store_failed(self, e: Exception, leading: bool) -> None:
+        """Keep trying on a fresh connection; a leader that cannot renew stops acting
+        step_down_s after its last renewal, by `leading()`."""
+        if leading:
+            self.renew_failures += 1
+            metrics.RENEW_FAILURES.inc()
+        if not self._failing:
+            _log.warning("lease_store_failed", leading=leading, reason=str(e)[:200])
+            self._failing = True
+        drop_connection(self.db)

@@ -8,7 +8,8 @@ import time
 
 import click
 
-from llmgw import apikeys, audit
+from llmgw import apikeys, audit, tenancy
+from llmgw.errors import TenancyError
 from llmgw_ctl.api import actor, client
 from llmgw_ctl.common import pass_state, print_json, print_table, when
 
@@ -28,6 +29,7 @@ def keys(ctx):
     \b
     Examples:
       llmgw keys create --name ci --models gemma3-270m --expires 30d
+      llmgw keys create --name bot --user ada@acme.org --project chatbot --band gold
       llmgw keys list --json | jq -r '.[] | select(.state=="active") | .id'
       llmgw keys revoke key_1a2b3c4d5e6f
     """
@@ -39,11 +41,18 @@ def keys(ctx):
 @click.option("--name", required=True, help="What the key is for, e.g. a team or a service.")
 @click.option("--models", default="", help="Comma-separated models it may use (default: all).")
 @click.option("--expires", help="Lifetime, e.g. 12h, 30d, 8w (default: never).")
+@click.option("--user", help="The user it belongs to (`llmgw users create`).")
+@click.option("--project", help="The project it works for, in the user's org.")
+@click.option("--band", help="Its priority band (router.bands; default: the project's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the key and its secret as JSON.")
 @store_option
 @pass_state
-def keys_create(state, name, models, expires, as_json, direct):
-    """Create a key and print its secret, which is shown this once only."""
+def keys_create(state, name, models, expires, user, project, band, as_json, direct):
+    """Create a key and print its secret, which is shown this once only.
+
+    Its usage is counted against its user and project, their teams and org, and every
+    limit and budget on them applies (`llmgw limits`, `llmgw budgets`).
+    """
     model_list = [m.strip() for m in models.split(",") if m.strip()]
     try:
         expires_in = apikeys.parse_duration(expires) if expires else None
@@ -54,12 +63,20 @@ def keys_create(state, name, models, expires, as_json, direct):
     if direct:
         state.store()
         now = time.time()
-        row, secret = apikeys.create(name.strip(), model_list, expires_in, now)
+        try:
+            user, project = tenancy.key_owner(user, project)
+            band = tenancy.check_band(band, state.cfg.router.bands)
+        except TenancyError as e:
+            raise click.ClickException(str(e)) from None
+        row, secret = apikeys.create(name.strip(), model_list, expires_in, now, user, project,
+                                     band)  # fmt: skip
         audit.record("keys.create", actor(), "local", row.id, name=row.name,
-                     models=model_list or None, expires_in=expires_in)  # fmt: skip
+                     models=model_list or None, expires_in=expires_in, user=user,
+                     project=project, band=band or None)  # fmt: skip
         key = {**apikeys.key_json(row, now), "secret": secret}
     else:
-        body = {"name": name.strip(), "models": model_list, "expires_in": expires_in}
+        body = {"name": name.strip(), "models": model_list, "expires_in": expires_in,
+                "user": user, "project": project, "band": band}  # fmt: skip
         key = client(state).post("/v1/keys", body)
     if as_json:
         print_json(key)
@@ -88,9 +105,11 @@ def keys_list(state, as_json, show_all, direct=False):
         print_json(rows)
         return
     print_table(
-        ["ID", "NAME", "PREFIX", "MODELS", "CREATED", "EXPIRES", "STATE"],
+        ["ID", "NAME", "PREFIX", "MODELS", "USER", "PROJECT", "BAND", "CREATED", "EXPIRES",
+         "STATE"],
         [
             [r["id"], r["name"], r["prefix"] + "…", ",".join(r["models"]) or "*",
+             r.get("user") or "-", r.get("project") or "-", r.get("band") or "-",
              when(r["created_at"]), when(r["expires_at"]), r["state"]]
             for r in rows
         ],

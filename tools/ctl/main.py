@@ -9,11 +9,14 @@ from llmgw_ctl.common import State
 from llmgw_ctl.config import config
 from llmgw_ctl.drain import drain, undrain
 from llmgw_ctl.keys import keys
+from llmgw_ctl.limits import budgets, limits
 from llmgw_ctl.logs import logs
 from llmgw_ctl.nodes import nodes, routers
 from llmgw_ctl.restart import restart
 from llmgw_ctl.status import explain_placement, models, replicas, retry, status
 from llmgw_ctl.store import store
+from llmgw_ctl.tenancy import orgs, projects, teams, users
+from llmgw_ctl.usage import usage
 
 
 @click.group(context_settings=cli_common.CONTEXT)
@@ -34,13 +37,16 @@ from llmgw_ctl.store import store
 @cli_common.version_option
 @click.pass_context
 def cli(ctx, config_path, admin_url, admin_token):
-    """Operate llmgw: the fleet's state, keys, nodes, the store and the configuration.
+    """Operate llmgw: the fleet's state, keys, tenancy, limits, usage, nodes, the store
+    and the configuration.
 
     \b
     Examples:
       llmgw status
       llmgw explain-placement gemma3-270m
       llmgw keys create --name demo
+      llmgw limits set --user ada@acme.org --rpm 60
+      llmgw usage --by org --since 30d
       llmgw store migrate
       llmgw config example > llmgw.toml
     """
@@ -63,3 +69,10 @@ cli.add_command(scale)
 cli.add_command(logs)
 cli.add_command(restart)
 cli.add_command(audit)
+cli.add_command(orgs)
+cli.add_command(teams)
+cli.add_command(projects)
+cli.add_command(users)
+cli.add_command(limits)
+cli.add_command(budgets)
+cli.add_command(usage)

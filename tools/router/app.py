@@ -1,18 +1,28 @@
 """The router's aiohttp application: routes, background workers, orderly shutdown."""
 
 import asyncio
+import time
 
 import prometheus_client
 from aiohttp import web
 
 from llmgw import log
 from llmgw_router import metrics
+from llmgw_router.admission import Admission
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
+from llmgw_router.leases import Leaser
+from llmgw_router.limits import Limiter
+from llmgw_router.policy import Policies
 from llmgw_router.proxy import CHAT, COMPLETIONS, EMBEDDINGS, Proxy, request_id
+from llmgw_router.quota import Quota
 from llmgw_router.routing import RoutingTable
 from llmgw_router.upstream import Pool
 from llmgw_router.usage import UsageWriter
+
+# How often queued requests are looked at again, for capacity that came back without
+# a request ending (an endpoint out of cooldown).
+_PUMP_S = 0.5
 
 _log = log.get("llmgw.router")
 
@@ -28,14 +38,36 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
         flush_s=rc.usage_flush_s,
         on_drop=metrics.USAGE_DROPPED.inc,
     )
+    limiter = Limiter()
+    leaser = Leaser(limiter, db)
+    policies = Policies(
+        limiter,
+        rc.bands,
+        rc.default_band,
+        models=cfg.models,
+        extra_engines={e.name for e in cfg.agent.engines},
+        refresh_s=rc.limits_refresh_s,
+    )
+    quota = Quota(limiter, leaser, rc.lease_wait_s, rc.default_max_tokens)
+    admission = Admission(policies.bands, lambda model: capacity(table, policies, model, rc))
     # aiohttp's own limit answers with plain text; ours answers in OpenAI's shape, so let
     # bodies through aiohttp up to one byte past the limit and judge them in the proxy.
     app = web.Application(client_max_size=rc.max_body_bytes + 1)
     app["keys"], app["usage"], app["table"] = keys, usage, table
+    app["policies"], app["admission"] = policies, admission
 
     async def on_startup(app):
+        loop = asyncio.get_running_loop()
         keys.start(db)
         usage.start()
+        policies.start(db)
+        leaser.start(loop)
+
+        def pump():
+            admission.pump_all()
+            app["pump"] = loop.call_later(_PUMP_S, pump)
+
+        app["pump"] = loop.call_later(_PUMP_S, pump)
         pool = Pool(connect_timeout=rc.connect_timeout_s, total_timeout=rc.upstream_timeout_s)
         app["pool"] = pool
         app["proxy"] = Proxy(
@@ -48,21 +80,34 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
             rc.keepalive_interval_s,
             activation_s=rc.activation_window_s,
             feed=feed,
+            policies=policies,
+            quota=quota,
+            admission=admission,
+            queue_deadline_s=rc.queue_deadline_s,
         )
         if feed is not None:
-            loop = asyncio.get_running_loop()
+
+            def install(eps, known):
+                table.replace(eps, known)
+                admission.pump_all()  # more replicas: more slots for the queued
+
             # The feed's thread hands each new table to the loop; the request path only
             # ever sees a whole table.
-            feed.apply = lambda eps, known: loop.call_soon_threadsafe(table.replace, eps, known)
+            feed.apply = lambda eps, known: loop.call_soon_threadsafe(install, eps, known)
             feed.start()
         metrics.KEYS_LOADED.set_function(lambda: len(keys))
         metrics.USAGE_PENDING.set_function(usage.pending)
 
     async def on_cleanup(app):
+        app["pump"].cancel()
         if feed is not None:
             feed.stop()
         app["pool"].close()
         keys.stop()
+        policies.stop()
+        # Give back unused allowance and concurrency slots, so the other routers can
+        # have them now rather than when the window ends or the hold expires.
+        await asyncio.get_running_loop().run_in_executor(None, leaser.stop)
         # Flush in a thread: the store may be slow, and the loop is still ours.
         await asyncio.get_running_loop().run_in_executor(None, usage.stop)
         _log.info("stopped", usage_rows_written=usage.written)
@@ -87,6 +132,17 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
     app.router.add_get("/metrics", metrics_page)
     app.router.add_route("*", "/{tail:.*}", not_found)
     return app
+
+
+def capacity(table: RoutingTable, policies: Policies, model: str, rc) -> int | None:
+    """Requests `model` can take at once: its endpoints not cooling down, times the
+    slots each has (None: unknown, so never saturated)."""
+    info = policies.model(model)
+    slots = info.parallel if info is not None else rc.slots_per_replica
+    if slots <= 0:
+        return None
+    now = time.monotonic()
+    return slots * sum(1 for ep in table.endpoints_of(model) if ep.cooldown_until <= now)
 
 
 async def health(request: web.Request) -> web.Response:

@@ -24,6 +24,9 @@ class Key:
     id: str
     models: frozenset | None  # None: every model
     expires_at: float | None
+    user: str | None = None
+    project: str | None = None
+    band: str = ""
 
     def allows(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -53,7 +56,9 @@ class KeyCache:
                 by_hash.pop(row.secret_hash, None)
             else:
                 models = frozenset(row.model_list) or None
-                by_hash[row.secret_hash] = Key(row.id, models, row.expires_at)
+                by_hash[row.secret_hash] = Key(
+                    row.id, models, row.expires_at, row.user, row.project, row.band or ""
+                )
             self._since = max(self._since, row.updated_at)
         # Swap in one assignment: lookups on the event loop never see a half-built dict.
         self._by_hash = by_hash

@@ -38,3 +38,42 @@ USAGE_DROPPED = Counter(
 )
 USAGE_PENDING = Gauge("llmgw_router_usage_rows_pending", "Usage rows waiting to be written")
 KEYS_LOADED = Gauge("llmgw_router_api_keys", "API keys held in memory")
+LEASE_FAILURES = Counter(
+    "llmgw_router_lease_failures",
+    "Failed attempts to lease allowance from the store (limits, budgets, concurrency)",
+)
+LIMITED = Counter(
+    "llmgw_router_limit_rejections",
+    "Requests refused by a limit: kind rpm, tpm or concurrent (429 rate_limit_exceeded)",
+    ["kind"],
+)
+BUDGET_REJECTIONS = Counter(
+    "llmgw_router_budget_rejections",
+    "Requests refused because a budget was spent (429 insufficient_quota), by budget kind",
+    ["kind"],
+)
+LIMITS_UNAVAILABLE = Counter(
+    "llmgw_router_limits_unavailable",
+    "Requests refused 503 because more allowance could not be leased (store unreachable)",
+)
+QUEUE_DEPTH = Gauge(
+    "llmgw_router_queue_depth",
+    "Requests waiting for a saturated model, by model and band",
+    ["model", "band"],
+)
+QUEUE_WAIT = Histogram(
+    "llmgw_router_queue_wait_seconds",
+    "How long queued requests waited for a slot, admitted or not, by band",
+    ["band"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+QUEUE_REJECTIONS = Counter(
+    "llmgw_router_queue_rejections",
+    "Requests whose queue deadline passed before a slot was free, by band",
+    ["band"],
+)
+FALLBACKS = Counter(
+    "llmgw_router_fallbacks",
+    "Requests sent to a fallback model, by requested model, fallback and reason",
+    ["model", "fallback", "reason"],
+)

@@ -1,8 +1,11 @@
-"""The request path: parse, authorise, choose an endpoint, forward, stream back, account.
+"""The request path: parse, authorise, reserve against limits, admit by band, choose
+a model (falling back when one cannot answer), forward, account.
 
 Everything a request touches lives here and in the in-memory structures it is given
-(routing table, key cache, usage buffer), so the transport can be swapped without
-touching the rest. Nothing here waits on the store.
+(routing table, key cache, policies and limits, admission queues, usage buffer), so
+the transport can be swapped without touching the rest. Nothing here waits on the
+store; a request whose limits need more allowance waits (up to router.lease_wait_s)
+for the lease thread, which does.
 """
 
 import asyncio
@@ -15,24 +18,18 @@ from aiohttp import web
 
 from llmgw import log
 from llmgw_router import metrics
+from llmgw_router.admission import Admission
+from llmgw_router.call import CLIENT_CLOSED, Call
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
-from llmgw_router.routing import Endpoint, RoutingTable
-from llmgw_router.upstream import Pool, Response, UpstreamError
+from llmgw_router.limits import Reservation
+from llmgw_router.policy import NOBODY, Policies
+from llmgw_router.quota import Quota
+from llmgw_router.routing import RoutingTable
+from llmgw_router.upstream import Pool
 from llmgw_router.usage import UsageWriter
 
 _log = log.get("llmgw.router")
-
-# HTTP status recorded for a request whose client went away (nginx's convention).
-CLIENT_CLOSED = 499
-
-# Engine answers that mean "try another one": it is down, overloaded or still loading.
-_RETRY_STATUSES = frozenset((502, 503, 504))
-
-# Upstream response headers passed on to the client.
-_PASS_HEADERS = ("Content-Type",)
-
-_DONE = b"data: [DONE]"
 
 
 @dataclass
@@ -54,10 +51,6 @@ COMPLETIONS = Route("/v1/completions", "prompt", (str, list), True)
 EMBEDDINGS = Route("/v1/embeddings", "input", (str, list), False)
 
 
-class ClientGone(Exception):
-    """The client disconnected while we were writing to it."""
-
-
 class Proxy:
     def __init__(
         self,
@@ -70,6 +63,10 @@ class Proxy:
         keepalive_interval_s: float,
         activation_s: float = 0.0,
         feed=None,
+        policies: Policies | None = None,
+        quota: Quota | None = None,
+        admission: Admission | None = None,
+        queue_deadline_s: float = 30.0,
     ):
         self.table = table
         self.keys = keys
@@ -80,6 +77,10 @@ class Proxy:
         self.keepalive_s = keepalive_interval_s
         self.activation_s = activation_s
         self.feed = feed  # the scheduler feed: wants and activity go through it
+        self.policies = policies
+        self.quota = quota
+        self.admission = admission
+        self.queue_deadline_s = queue_deadline_s
 
     # -- authorisation ---------------------------------------------------------------
 
@@ -128,24 +129,22 @@ class Proxy:
         ]
         return web.json_response({"object": "list", "data": data}, headers={"x-request-id": rid})
 
-    def handler(self, route: Route):
-        async def handle(request: web.Request) -> web.StreamResponse:
-            return await self.forward(request, route)
-
-        return handle
-
     async def forward(self, request: web.Request, route: Route) -> web.StreamResponse:
         t0 = time.perf_counter()
         rid = request_id(request)
         key = self.authorise(request, rid)
         if isinstance(key, web.Response):
             return count(key, "")
+        policy = self.policies.policy(key) if self.policies is not None else None
+        who = policy.who if policy is not None else NOBODY
+        ticket = Ticket(rid, key.id, who, t0)
 
         parsed = await self.parse(request, route, rid)
         if isinstance(parsed, web.Response):
-            return self.reject(parsed, t0, rid, key.id, "")
+            return self.reject(parsed, ticket, "")
         payload, body = parsed
         model = payload["model"]
+        ticket.model = model
         if not key.allows(model):
             return self.reject(
                 api_error(
@@ -156,29 +155,7 @@ class Proxy:
                     rid,
                     param="model",
                 ),
-                t0,
-                rid,
-                key.id,
-                model,
-            )
-        if self.feed is not None:
-            self.feed.used(model, time.time())
-        if not self.table.serves(model) and self.table.knows(model):
-            if not await self.activate(model):
-                return self.reject(self.not_ready(model, rid), t0, rid, key.id, model)
-        if not self.table.serves(model):
-            return self.reject(
-                api_error(
-                    404,
-                    f"The model '{model}' does not exist.",
-                    "invalid_request_error",
-                    "model_not_found",
-                    rid,
-                    param="model",
-                ),
-                t0,
-                rid,
-                key.id,
+                ticket,
                 model,
             )
 
@@ -190,30 +167,132 @@ class Proxy:
             if not client_usage:
                 # Always ask for usage: it is what the usage row and budgets count.
                 payload["stream_options"] = {**opts, "include_usage": True}
-                body = json.dumps(payload).encode()
+                body = None
 
-        call = Call(self, request, route, rid, key.id, model, stream, client_usage, t0)
-        metrics.IN_FLIGHT.inc()
+        reservation = None
+        if policy is not None and policy.limited:
+            max_tokens = 0
+            if route is not EMBEDDINGS and (policy.tokens or policy.costs):
+                max_tokens = payload.get("max_tokens") or payload.get("max_completion_tokens")
+                if (
+                    not isinstance(max_tokens, int)
+                    or isinstance(max_tokens, bool)
+                    or max_tokens <= 0
+                ):
+                    # Nothing would bound the answer, nor what it spends: bound it.
+                    max_tokens = self.quota.default_max_tokens
+                    payload["max_tokens"] = max_tokens
+                    body = None
+            info = self.policies.model(model)
+            prices = (info.input_per_mtok, info.output_per_mtok) if info else None
+            ask = self.quota.ask(policy, len(body) if body else len(json.dumps(payload)),
+                                 max_tokens, prices)  # fmt: skip
+            got = await self.quota.reserve(ask)
+            ticket.headers = self.quota.headers(policy)
+            if not isinstance(got, Reservation):
+                return self.reject(self.quota.refusal(got, rid, ticket.headers), ticket, model)
+            reservation = got
+        if body is None:
+            body = json.dumps(payload).encode()
+
         try:
-            return await call.run(body)
+            return await self.answer(request, route, ticket, policy, key, payload, body, stream,
+                                     client_usage)  # fmt: skip
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: aiohttp cancels the handler (or a write fails). Leaving
             # here closes the upstream response, so the engine frees its slot.
-            call.status = CLIENT_CLOSED
+            ticket.status = CLIENT_CLOSED
             raise
         finally:
-            metrics.IN_FLIGHT.dec()
-            call.account()
+            self.account(ticket, reservation)
 
-    async def activate(self, model: str) -> bool:
+    # -- choosing the model that answers -------------------------------------------------
+
+    def candidates(self, model: str, key) -> list[str]:
+        """The model asked for, then its fallbacks the key may use."""
+        info = self.policies.model(model) if self.policies is not None else None
+        if info is None or not info.fallbacks:
+            return [model]
+        return [model, *(f for f in info.fallbacks if key.allows(f) and f != model)]
+
+    async def answer(self, request, route, ticket, policy, key, payload, body, stream,
+                     client_usage):  # fmt: skip
+        """Try the model, then each fallback, until one answers; the response."""
+        names = self.candidates(ticket.model, key)
+        band = policy.band if policy is not None else 0
+        deadline = None
+        err = None
+        for i, name in enumerate(names):
+            first, last = i == 0, i == len(names) - 1
+            if self.feed is not None:
+                self.feed.used(name, time.time())
+            if not self.table.serves(name):
+                known = self.table.knows(name) or (
+                    self.policies is not None and self.policies.model(name) is not None
+                )
+                if first and not known:
+                    err = ticket.fail(api_error(
+                        404, f"The model '{name}' does not exist.", "invalid_request_error",
+                        "model_not_found", ticket.rid, param="model"))  # fmt: skip
+                    break
+                if not (first and await self.activate(name, hurry=not last)):
+                    if first:
+                        err = ticket.fail(self.not_ready(name, ticket.rid))
+                    elif self.feed is not None:
+                        self.feed.want(name)  # for later requests; this one goes on
+                    self._fell_back(ticket.model, names, i, "unservable")
+                    continue
+            if self.admission is not None:
+                if deadline is None:
+                    deadline = time.monotonic() + self.queue_deadline_s
+                wait = deadline - time.monotonic() if last or first else 0.0
+                if not await self.admission.enter(name, band, wait):
+                    err = err if err is not None else ticket.fail(saturated(name, ticket.rid))
+                    self._fell_back(ticket.model, names, i, "saturated")
+                    continue
+            try:
+                call = Call(self, request, route, ticket.rid, name, stream, client_usage,
+                            ticket.t0, ticket.headers)  # fmt: skip
+                ticket.call = call
+                if name != ticket.model:
+                    body = json.dumps({**payload, "model": name}).encode()
+                metrics.IN_FLIGHT.inc()
+                try:
+                    resp = await call.run(body)
+                finally:
+                    metrics.IN_FLIGHT.dec()
+                ticket.status = call.status
+            finally:
+                if self.admission is not None:
+                    self.admission.leave(name)
+            if call.failed_early and not last:
+                self._fell_back(ticket.model, names, i, "failed")
+                err = err if err is not None else resp
+                continue
+            return resp
+        if err is None:
+            err = ticket.fail(api_error(
+                503, f"No model could answer for '{ticket.model}'.", "server_error",
+                "model_unavailable", ticket.rid, retry_after=5))  # fmt: skip
+        ticket.status = err.status
+        for k, v in ticket.headers.items():
+            err.headers[k] = v
+        return err
+
+    def _fell_back(self, model: str, names: list, i: int, reason: str) -> None:
+        if i + 1 < len(names):
+            metrics.FALLBACKS.labels(model, names[i + 1], reason).inc()
+
+    async def activate(self, model: str, hurry: bool = False) -> bool:
         """Ask the scheduler for a model that has no ready replica and hold the request
         up to the activation window while it comes up. A parked or unplaceable model is
         asked for too — room may have been made since — but the client is answered at
-        once, not kept waiting on a stale answer."""
+        once, not kept waiting on a stale answer (nor, with `hurry`, when a fallback may
+        answer sooner than a model that is still starting)."""
         if self.feed is not None:
             self.feed.want(model)
         state, _ = self.table.status(model) or ("starting", "")
-        if state in ("parked", "unplaceable") or self.activation_s <= 0:
+        if state in ("parked", "unplaceable") or self.activation_s <= 0 or hurry:
             return False
         return await self.table.wait_served(model, self.activation_s)
 
@@ -240,15 +319,82 @@ class Proxy:
             retry_after=5,
         )
 
-    def reject(self, resp: web.Response, t0: float, rid: str, key_id: str, model: str):
+    # -- accounting ----------------------------------------------------------------------
+
+    def reject(self, resp: web.Response, ticket: "Ticket", model: str) -> web.Response:
         """Answer an authenticated request that never reached an engine, and account it."""
-        # A model nobody serves is not a label: clients could mint series at will.
-        metrics.REQUESTS.labels(model if self.table.serves(model) else "", str(resp.status)).inc()
-        latency_ms = (time.perf_counter() - t0) * 1000.0
-        self.usage.record(
-            (time.time(), rid, key_id, model[:200], None, None, 0, 0, resp.status, latency_ms, None)
-        )
+        ticket.fail(resp)
+        ticket.model = model
+        self.account(ticket, None)
         return resp
+
+    def account(self, ticket: "Ticket", reservation) -> None:
+        """Metrics, the reservation's correction and the usage row. Runs once a request."""
+        now = time.perf_counter()
+        latency = now - ticket.t0
+        call = ticket.call
+        requested = ticket.model[:200]
+        served = call.model if call is not None else None
+        prompt = completion = 0
+        ttft = None
+        if call is not None:
+            prompt = call.prompt_tokens
+            # A stream cut short has no usage chunk: count its content events instead.
+            completion = call.completion_tokens or call.events
+            if call.t_first is not None:
+                ttft = call.t_first - ticket.t0
+        status = ticket.status
+        cost = None
+        info = self.policies.model(served) if self.policies is not None and served else None
+        prices = (info.input_per_mtok, info.output_per_mtok) if info else None
+        if reservation is not None:
+            units = self.quota.settle(reservation, prompt, completion, prices)
+            cost = units / 1e6 if prices else None
+        elif prices:
+            cost = info.cost(prompt, completion)
+        label = (
+            served if served is not None else (requested if self.table.serves(requested) else "")
+        )
+        metrics.REQUESTS.labels(label, str(status)).inc()
+        if call is not None:
+            metrics.DURATION.labels(served).observe(latency)
+            if ttft is not None:
+                metrics.TTFT.labels(served).observe(ttft)
+            if prompt:
+                metrics.TOKENS.labels(served, "prompt").inc(prompt)
+            if completion:
+                metrics.TOKENS.labels(served, "completion").inc(completion)
+            metrics.OVERHEAD.observe(call.overhead)
+        ep = call.endpoint if call is not None else None
+        who = ticket.who
+        self.usage.record(
+            (
+                time.time(),
+                ticket.rid,
+                ticket.key_id,
+                requested,
+                served if ep else None,
+                ep.id if ep else None,
+                prompt,
+                completion,
+                status,
+                latency * 1000.0,
+                ttft * 1000.0 if ttft is not None else None,
+                who.user,
+                who.project,
+                who.team,
+                who.org,
+                cost,
+            )
+        )
+        if status == CLIENT_CLOSED:
+            _log.info(
+                "client_disconnected",
+                request_id=ticket.rid,
+                model=served or requested,
+                endpoint=ep.id if ep else None,
+                completion_tokens=completion,
+            )
 
     async def parse(self, request: web.Request, route: Route, rid: str):
         """(payload, raw body) or an error response."""
@@ -344,367 +490,35 @@ class Proxy:
         return payload, body
 
 
-class Call:
-    """One proxied request from the moment it is authorised to its usage row."""
+class Ticket:
+    """One client request, across the models tried for it: what its usage row needs."""
 
-    __slots__ = (
-        "proxy", "request", "route", "rid", "key_id", "model", "stream", "client_usage",
-        "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
-        "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
-    )  # fmt: skip
+    __slots__ = ("rid", "key_id", "who", "t0", "model", "status", "call", "headers")
 
-    def __init__(self, proxy, request, route, rid, key_id, model, stream, client_usage, t0):
-        self.proxy = proxy
-        self.request = request
-        self.route = route
-        self.rid = rid
-        self.key_id = key_id
-        self.model = model
-        self.stream = stream
-        self.client_usage = client_usage
-        self.t0 = t0
-        self.t_first = None
+    def __init__(self, rid: str, key_id: str, who, t0: float):
+        self.rid, self.key_id, self.who, self.t0 = rid, key_id, who, t0
+        self.model = ""
         self.status = CLIENT_CLOSED  # until we know better
-        self.endpoint: Endpoint | None = None
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.events = 0  # streamed content events, the fallback token count
-        self.overhead = 0.0
-        self.resp: web.StreamResponse | None = None  # set once headers went to the client
-        self._keepalive = None
-        self._keepalive_task = None
-        self._waiting_first = False
+        self.call: Call | None = None  # the last model tried
+        self.headers: dict = {}
 
-    # -- the attempt loop ------------------------------------------------------------
-
-    async def run(self, body: bytes) -> web.StreamResponse:
-        proxy, table = self.proxy, self.proxy.table
-        tried: list[Endpoint] = []
-        last_reason = "no endpoint is available"
-        if self.stream:
-            self._waiting_first = True
-            self._arm_keepalive()
-        self.overhead = time.perf_counter() - self.t0
-        try:
-            for _attempt in range(proxy.retries + 1):
-                now = time.monotonic()
-                ep = table.pick(self.model, now, tried)
-                if ep is None:
-                    break
-                tried.append(ep)
-                self.endpoint = ep
-                ep.outstanding += 1
-                head = b"".join(
-                    (self.route.head, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n")
-                )
-                try:
-                    upstream = await proxy.pool.request(proxy.pool.origin(ep.url), head, body)
-                except UpstreamError as e:
-                    ep.outstanding -= 1
-                    last_reason = self._upstream_failed(ep, e, e.kind)
-                    continue
-                try:
-                    await self._settle()
-                    if upstream.status in _RETRY_STATUSES and self.resp is None:
-                        text = (await upstream.read())[:300].decode(errors="replace")
-                        last_reason = self._upstream_failed(
-                            ep, f"HTTP {upstream.status} {text}", kind=f"http_{upstream.status}"
-                        )
-                        continue
-                    if self.stream and upstream.status == 200:
-                        return await self._relay_stream(upstream)
-                    return await self._relay_whole(upstream)
-                finally:
-                    ep.outstanding -= 1
-                    ep.last_used = time.monotonic()
-                    upstream.release()
-            await self._settle()
-            return await self._give_up(tried, last_reason)
-        finally:
-            self._stop_keepalive()
-            if self._keepalive_task is not None:
-                self._keepalive_task.cancel()
-
-    def _upstream_failed(self, ep: Endpoint, err, kind: str) -> str:
-        reason = str(err) or type(err).__name__
-        metrics.UPSTREAM_ERRORS.labels(ep.id, kind).inc()
-        self.proxy.table.failed(ep, time.monotonic())
-        _log.warning(
-            "upstream_failed",
-            request_id=self.rid,
-            endpoint=ep.id,
-            model=self.model,
-            kind=kind,
-            reason=reason[:200],
-        )
-        return f"endpoint {ep.id}: {reason[:200]}"
-
-    async def _give_up(self, tried, reason: str) -> web.StreamResponse:
-        table = self.proxy.table
-        if not tried:
-            wait = table.retry_after(self.model, time.monotonic())
-            message = (
-                f"Every endpoint serving '{self.model}' failed recently; try again in {wait:.0f}s."
-            )
-            err = api_error(
-                503,
-                message,
-                "server_error",
-                "no_healthy_endpoint",
-                self.rid,
-                retry_after=max(1, round(wait)),
-            )
-        else:
-            message = f"No endpoint serving '{self.model}' answered: {reason}"
-            err = api_error(502, message, "server_error", "upstream_unavailable", self.rid)
-        self.status = err.status
-        if self.resp is not None:  # headers already went out as a stream: say it in-band
-            await self._write_error_event(message, err.status)
-            return self.resp
-        return self._finish(err)
-
-    # -- relaying --------------------------------------------------------------------
-
-    async def _relay_whole(self, upstream: Response) -> web.StreamResponse:
-        try:
-            data = await upstream.read()
-        except UpstreamError as e:
-            return await self._engine_broke(e)
-        await self._settle()
-        t = time.perf_counter()
-        self.status = upstream.status
-        if upstream.status == 200:
-            self._take_usage(data)
-        elif self.resp is None:
-            data = engine_error_body(upstream.status, data)
-        if self.resp is not None:  # the stream was committed by a keepalive: say it in-band
-            await self._write_error_event(error_message(data), upstream.status)
-            return self.resp
-        resp = web.Response(
-            body=data,
-            status=upstream.status,
-            headers={"Content-Type": upstream.headers.get("content-type", "application/json")},
-        )
-        self.overhead += time.perf_counter() - t
-        return self._finish(resp)
-
-    async def _relay_stream(self, upstream: Response) -> web.StreamResponse:
-        self.status = 200
-        buf = b""
-        done = False
-        try:
-            while (chunk := await upstream.next()) is not None:
-                t = time.perf_counter()
-                buf += chunk
-                end = buf.rfind(b"\n\n")
-                if end < 0:
-                    continue
-                out, buf = self._filter_events(buf[: end + 2]), buf[end + 2 :]
-                if self.t_first is None and self.events:
-                    self.t_first = t
-                    self._stop_keepalive()
-                if out:
-                    await self._write(out)
-                self.overhead += time.perf_counter() - t
-                if out.endswith(_DONE + b"\n\n") or buf.startswith(_DONE):
-                    done = True
-            if buf.strip():
-                await self._write(buf)
-                done = done or buf.strip() == _DONE
-        except UpstreamError as e:
-            return await self._engine_broke(e)
-        if not done:
-            self._upstream_failed(
-                self.endpoint, "stream ended without [DONE]", kind="stream_interrupted"
-            )
-            self.status = 502
-            await self._write_error_event("The engine ended the stream early.", 502)
-            return self.resp
-        await self.resp.write_eof()
-        return self.resp
-
-    async def _engine_broke(self, err: UpstreamError) -> web.StreamResponse:
-        """The engine failed after it had started answering: too late to retry."""
-        self._upstream_failed(self.endpoint, err, kind="stream_interrupted")
-        self.status = 502
-        message = f"The engine failed mid-response: {err}"
-        if self.resp is None:
-            return self._finish(
-                api_error(502, message, "server_error", "upstream_interrupted", self.rid)
-            )
-        await self._write_error_event(message, 502)
-        return self.resp
-
-    def _filter_events(self, block: bytes) -> bytes:
-        """Count content events and take usage; drop the usage-only event unless asked."""
-        if b'"usage"' not in block:
-            self.events += block.count(b"data: {")
-            return block
-        kept = []
-        for event in block.split(b"\n\n"):
-            if not event:
-                continue
-            if event.startswith(b"data: {") and b'"usage"' in event:
-                try:
-                    obj = json.loads(event[6:])
-                except ValueError:
-                    obj = None
-                if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
-                    self._set_usage(obj["usage"])
-                    if obj.get("choices"):
-                        self.events += 1
-                    if not self.client_usage:
-                        if not obj.get("choices"):
-                            continue  # the usage-only chunk the client did not ask for
-                        del obj["usage"]
-                        event = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
-                    kept.append(event)
-                    continue
-            if event.startswith(b"data: {"):
-                self.events += 1
-            kept.append(event)
-        return b"".join(e + b"\n\n" for e in kept)
-
-    def _take_usage(self, data: bytes) -> None:
-        try:
-            usage = json.loads(data).get("usage")
-        except (ValueError, AttributeError):
-            return
-        if isinstance(usage, dict):
-            self._set_usage(usage)
-
-    def _set_usage(self, usage: dict) -> None:
-        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if isinstance(p, int):
-            self.prompt_tokens = p
-        if isinstance(c, int):
-            self.completion_tokens = c
-
-    # -- writing to the client ---------------------------------------------------------
-
-    async def _ensure_stream(self) -> web.StreamResponse:
-        if self.resp is None:
-            resp = web.StreamResponse(
-                status=200,
-                headers=self._client_headers(
-                    {
-                        "Content-Type": "text/event-stream",
-                        "Cache-Control": "no-cache",
-                        "X-Accel-Buffering": "no",
-                    }
-                ),
-            )
-            self.resp = resp
-            await resp.prepare(self.request)
-        return self.resp
-
-    async def _write(self, data: bytes) -> None:
-        await self._settle()
-        resp = self.resp or await self._ensure_stream()
-        await resp.write(data)
-
-    async def _write_error_event(self, message: str, status: int) -> None:
-        body = {
-            "error": {
-                "message": message,
-                "type": "server_error",
-                "param": None,
-                "code": f"upstream_{status}",
-            }
-        }
-        try:
-            await self._write(b"data: " + json.dumps(body).encode() + b"\n\n")
-            await self.resp.write_eof()
-        except ConnectionError:
-            pass  # the client left too; the usage row still says what happened
-
-    def _client_headers(self, extra: dict) -> dict:
-        extra["x-request-id"] = self.rid
-        extra["x-llmgw-served-model"] = self.model
-        return extra
-
-    def _finish(self, resp: web.Response) -> web.Response:
-        resp.headers["x-request-id"] = self.rid
-        resp.headers["x-llmgw-served-model"] = self.model
+    def fail(self, resp: web.Response) -> web.Response:
+        self.status = resp.status
         return resp
-
-    # -- keepalive while waiting for the first token ----------------------------------
-
-    def _arm_keepalive(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._keepalive = loop.call_later(self.proxy.keepalive_s, self._keepalive_due)
-
-    def _keepalive_due(self) -> None:
-        self._keepalive_task = asyncio.ensure_future(self._send_keepalive())
-
-    async def _send_keepalive(self) -> None:
-        try:
-            resp = self.resp or await self._ensure_stream()
-            await resp.write(b": keepalive\n\n")
-        except ConnectionError:
-            return
-        if self._waiting_first:
-            self._arm_keepalive()
-
-    def _stop_keepalive(self) -> None:
-        self._waiting_first = False
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            self._keepalive = None
-
-    async def _settle(self) -> None:
-        """Let a keepalive write under way finish, so two writers never interleave."""
-        task = self._keepalive_task
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            await asyncio.shield(task)
-
-    # -- accounting ------------------------------------------------------------------
-
-    def account(self) -> None:
-        """Metrics and the usage row. Runs exactly once per call, whatever happened."""
-        now = time.perf_counter()
-        latency = now - self.t0
-        status = self.status
-        model = self.model
-        ttft = (self.t_first - self.t0) if self.t_first is not None else None
-        # A stream cut short has no usage chunk: count its content events instead.
-        completion = self.completion_tokens or self.events
-        metrics.REQUESTS.labels(model, str(status)).inc()
-        metrics.DURATION.labels(model).observe(latency)
-        if ttft is not None:
-            metrics.TTFT.labels(model).observe(ttft)
-        if self.prompt_tokens:
-            metrics.TOKENS.labels(model, "prompt").inc(self.prompt_tokens)
-        if completion:
-            metrics.TOKENS.labels(model, "completion").inc(completion)
-        metrics.OVERHEAD.observe(self.overhead)
-        ep = self.endpoint
-        self.proxy.usage.record(
-            (
-                time.time(),
-                self.rid,
-                self.key_id,
-                model,
-                model if ep else None,
-                ep.id if ep else None,
-                self.prompt_tokens,
-                completion,
-                status,
-                latency * 1000.0,
-                ttft * 1000.0 if ttft is not None else None,
-            )
-        )
-        if status == CLIENT_CLOSED:
-            _log.info(
-                "client_disconnected",
-                request_id=self.rid,
-                model=model,
-                endpoint=ep.id if ep else None,
-                completion_tokens=completion,
-            )
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+def saturated(model: str, rid: str) -> web.Response:
+    return api_error(
+        503,
+        f"Every replica of '{model}' is busy, and none came free in time.",
+        "server_error",
+        "model_saturated",
+        rid,
+        retry_after=5,
+    )
 
 
 def request_id(request: web.Request) -> str:
@@ -728,32 +542,3 @@ def too_large(limit: int, rid: str) -> web.Response:
         "request_too_large",
         rid,
     )
-
-
-def error_message(data: bytes) -> str:
-    try:
-        return json.loads(data)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return data[:300].decode(errors="replace")
-
-
-def engine_error_body(status: int, data: bytes) -> bytes:
-    """An engine's error, passed on in OpenAI's shape whatever shape it came in."""
-    try:
-        obj = json.loads(data)
-        if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
-            return data
-    except ValueError:
-        pass
-    text = data[:500].decode(errors="replace").strip() or f"HTTP {status}"
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return json.dumps(
-        {
-            "error": {
-                "message": f"The engine answered: {text}",
-                "type": kind,
-                "param": None,
-                "code": f"engine_{status}",
-            }
-        }
-    ).encode()

@@ -104,6 +104,9 @@ class RoutingTable:
     def endpoints(self) -> list[Endpoint]:
         return list(self._by_id.values())
 
+    def endpoints_of(self, model: str) -> list[Endpoint]:
+        return self._by_model.get(model) or []
+
     def serves(self, model: str) -> bool:
         return model in self._by_model
 

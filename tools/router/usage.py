@@ -18,6 +18,7 @@ _log = log.get("llmgw.router.usage")
 FIELDS = (
     "at", "request_id", "key_id", "model", "served_model", "endpoint",
     "prompt_tokens", "completion_tokens", "status", "latency_ms", "ttft_ms",
+    "user", "project", "team", "org", "cost",
 )  # fmt: skip
 
 
@@ -36,7 +37,9 @@ class UsageWriter:
         self._failing = False
         self.written = 0
         marks = ", ".join([db.param] * len(FIELDS))
-        self._sql = f"INSERT INTO {Usage._meta.table_name} ({', '.join(FIELDS)}) VALUES ({marks})"
+        # Quoted: "user" is a reserved word in PostgreSQL.
+        cols = ", ".join(f'"{f}"' for f in FIELDS)
+        self._sql = f"INSERT INTO {Usage._meta.table_name} ({cols}) VALUES ({marks})"
 
     def record(self, row: tuple) -> None:
         """Queue one row (a tuple in FIELDS order). Called on the event loop."""

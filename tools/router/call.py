@@ -1,0 +1,385 @@
+"""One attempt to answer a request with one model: choose an endpoint, forward, retry
+on another before anything reached the client, stream back, read usage.
+
+The Proxy (proxy.py) decides who may ask and which model answers (limits, admission,
+fallbacks); a Call does the talking to engines, and leaves accounting to the Proxy.
+"""
+
+import asyncio
+import json
+import time
+
+from aiohttp import web
+
+from llmgw import log
+from llmgw_router import metrics
+from llmgw_router.errors import api_error
+from llmgw_router.routing import Endpoint
+from llmgw_router.upstream import Response, UpstreamError
+
+_log = log.get("llmgw.router")
+
+# HTTP status recorded for a request whose client went away (nginx's convention).
+CLIENT_CLOSED = 499
+
+# Engine answers that mean "try another one": it is down, overloaded or still loading.
+_RETRY_STATUSES = frozenset((502, 503, 504))
+
+_DONE = b"data: [DONE]"
+
+
+class Call:
+    """One model's attempt at a request, from choosing an endpoint to the last byte."""
+
+    __slots__ = (
+        "proxy", "request", "route", "rid", "model", "stream", "client_usage", "headers",
+        "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
+        "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
+    )  # fmt: skip
+
+    def __init__(self, proxy, request, route, rid, model, stream, client_usage, t0, headers):
+        self.proxy = proxy
+        self.request = request
+        self.route = route
+        self.rid = rid
+        self.model = model  # the model this attempt asks: the one that answers, if it does
+        self.stream = stream
+        self.client_usage = client_usage
+        self.headers = headers  # sent with the answer, whatever it is (x-ratelimit-*)
+        self.t0 = t0
+        self.t_first = None
+        self.status = CLIENT_CLOSED  # until we know better
+        self.endpoint: Endpoint | None = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.events = 0  # streamed content events, the fallback token count
+        self.overhead = 0.0
+        self.resp: web.StreamResponse | None = None  # set once headers went to the client
+        self._keepalive = None
+        self._keepalive_task = None
+        self._waiting_first = False
+
+    # -- the attempt loop ------------------------------------------------------------
+
+    async def run(self, body: bytes) -> web.StreamResponse:
+        proxy, table = self.proxy, self.proxy.table
+        tried: list[Endpoint] = []
+        last_reason = "no endpoint is available"
+        if self.stream:
+            self._waiting_first = True
+            self._arm_keepalive()
+        self.overhead = time.perf_counter() - self.t0
+        try:
+            for _attempt in range(proxy.retries + 1):
+                now = time.monotonic()
+                ep = table.pick(self.model, now, tried)
+                if ep is None:
+                    break
+                tried.append(ep)
+                self.endpoint = ep
+                ep.outstanding += 1
+                head = b"".join(
+                    (self.route.head, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n")
+                )
+                try:
+                    upstream = await proxy.pool.request(proxy.pool.origin(ep.url), head, body)
+                except UpstreamError as e:
+                    ep.outstanding -= 1
+                    last_reason = self._upstream_failed(ep, e, e.kind)
+                    continue
+                try:
+                    await self._settle()
+                    if upstream.status in _RETRY_STATUSES and self.resp is None:
+                        text = (await upstream.read())[:300].decode(errors="replace")
+                        last_reason = self._upstream_failed(
+                            ep, f"HTTP {upstream.status} {text}", kind=f"http_{upstream.status}"
+                        )
+                        continue
+                    if self.stream and upstream.status == 200:
+                        return await self._relay_stream(upstream)
+                    return await self._relay_whole(upstream)
+                finally:
+                    ep.outstanding -= 1
+                    ep.last_used = time.monotonic()
+                    upstream.release()
+            await self._settle()
+            return await self._give_up(tried, last_reason)
+        finally:
+            self._stop_keepalive()
+            if self._keepalive_task is not None:
+                self._keepalive_task.cancel()
+
+    def _upstream_failed(self, ep: Endpoint, err, kind: str) -> str:
+        reason = str(err) or type(err).__name__
+        metrics.UPSTREAM_ERRORS.labels(ep.id, kind).inc()
+        self.proxy.table.failed(ep, time.monotonic())
+        _log.warning(
+            "upstream_failed",
+            request_id=self.rid,
+            endpoint=ep.id,
+            model=self.model,
+            kind=kind,
+            reason=reason[:200],
+        )
+        return f"endpoint {ep.id}: {reason[:200]}"
+
+    async def _give_up(self, tried, reason: str) -> web.StreamResponse:
+        table = self.proxy.table
+        if not tried:
+            wait = table.retry_after(self.model, time.monotonic())
+            message = (
+                f"Every endpoint serving '{self.model}' failed recently; try again in {wait:.0f}s."
+            )
+            err = api_error(
+                503,
+                message,
+                "server_error",
+                "no_healthy_endpoint",
+                self.rid,
+                retry_after=max(1, round(wait)),
+            )
+        else:
+            message = f"No endpoint serving '{self.model}' answered: {reason}"
+            err = api_error(502, message, "server_error", "upstream_unavailable", self.rid)
+        self.status = err.status
+        if self.resp is not None:  # headers already went out as a stream: say it in-band
+            await self._write_error_event(message, err.status)
+            return self.resp
+        return self._finish(err)
+
+    # -- relaying --------------------------------------------------------------------
+
+    async def _relay_whole(self, upstream: Response) -> web.StreamResponse:
+        try:
+            data = await upstream.read()
+        except UpstreamError as e:
+            return await self._engine_broke(e)
+        await self._settle()
+        t = time.perf_counter()
+        self.status = upstream.status
+        if upstream.status == 200:
+            self._take_usage(data)
+        elif self.resp is None:
+            data = engine_error_body(upstream.status, data)
+        if self.resp is not None:  # the stream was committed by a keepalive: say it in-band
+            await self._write_error_event(error_message(data), upstream.status)
+            return self.resp
+        resp = web.Response(
+            body=data,
+            status=upstream.status,
+            headers={"Content-Type": upstream.headers.get("content-type", "application/json")},
+        )
+        self.overhead += time.perf_counter() - t
+        return self._finish(resp)
+
+    async def _relay_stream(self, upstream: Response) -> web.StreamResponse:
+        self.status = 200
+        buf = b""
+        done = False
+        try:
+            while (chunk := await upstream.next()) is not None:
+                t = time.perf_counter()
+                buf += chunk
+                end = buf.rfind(b"\n\n")
+                if end < 0:
+                    continue
+                out, buf = self._filter_events(buf[: end + 2]), buf[end + 2 :]
+                if self.t_first is None and self.events:
+                    self.t_first = t
+                    self._stop_keepalive()
+                if out:
+                    await self._write(out)
+                self.overhead += time.perf_counter() - t
+                if out.endswith(_DONE + b"\n\n") or buf.startswith(_DONE):
+                    done = True
+            if buf.strip():
+                await self._write(buf)
+                done = done or buf.strip() == _DONE
+        except UpstreamError as e:
+            return await self._engine_broke(e)
+        if not done:
+            self._upstream_failed(
+                self.endpoint, "stream ended without [DONE]", kind="stream_interrupted"
+            )
+            self.status = 502
+            await self._write_error_event("The engine ended the stream early.", 502)
+            return self.resp
+        await self.resp.write_eof()
+        return self.resp
+
+    async def _engine_broke(self, err: UpstreamError) -> web.StreamResponse:
+        """The engine failed after it had started answering: too late to retry."""
+        self._upstream_failed(self.endpoint, err, kind="stream_interrupted")
+        self.status = 502
+        message = f"The engine failed mid-response: {err}"
+        if self.resp is None:
+            return self._finish(
+                api_error(502, message, "server_error", "upstream_interrupted", self.rid)
+            )
+        await self._write_error_event(message, 502)
+        return self.resp
+
+    def _filter_events(self, block: bytes) -> bytes:
+        """Count content events and take usage; drop the usage-only event unless asked."""
+        if b'"usage"' not in block:
+            self.events += block.count(b"data: {")
+            return block
+        kept = []
+        for event in block.split(b"\n\n"):
+            if not event:
+                continue
+            if event.startswith(b"data: {") and b'"usage"' in event:
+                try:
+                    obj = json.loads(event[6:])
+                except ValueError:
+                    obj = None
+                if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
+                    self._set_usage(obj["usage"])
+                    if obj.get("choices"):
+                        self.events += 1
+                    if not self.client_usage:
+                        if not obj.get("choices"):
+                            continue  # the usage-only chunk the client did not ask for
+                        del obj["usage"]
+                        event = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+                    kept.append(event)
+                    continue
+            if event.startswith(b"data: {"):
+                self.events += 1
+            kept.append(event)
+        return b"".join(e + b"\n\n" for e in kept)
+
+    def _take_usage(self, data: bytes) -> None:
+        try:
+            usage = json.loads(data).get("usage")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(usage, dict):
+            self._set_usage(usage)
+
+    def _set_usage(self, usage: dict) -> None:
+        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(p, int):
+            self.prompt_tokens = p
+        if isinstance(c, int):
+            self.completion_tokens = c
+
+    # -- writing to the client ---------------------------------------------------------
+
+    async def _ensure_stream(self) -> web.StreamResponse:
+        if self.resp is None:
+            resp = web.StreamResponse(
+                status=200,
+                headers=self._client_headers(
+                    {
+                        "Content-Type": "text/event-stream",
+                        "Cache-Control": "no-cache",
+                        "X-Accel-Buffering": "no",
+                    }
+                ),
+            )
+            self.resp = resp
+            await resp.prepare(self.request)
+        return self.resp
+
+    async def _write(self, data: bytes) -> None:
+        await self._settle()
+        resp = self.resp or await self._ensure_stream()
+        await resp.write(data)
+
+    async def _write_error_event(self, message: str, status: int) -> None:
+        body = {
+            "error": {
+                "message": message,
+                "type": "server_error",
+                "param": None,
+                "code": f"upstream_{status}",
+            }
+        }
+        try:
+            await self._write(b"data: " + json.dumps(body).encode() + b"\n\n")
+            await self.resp.write_eof()
+        except ConnectionError:
+            pass  # the client left too; the usage row still says what happened
+
+    def _client_headers(self, extra: dict) -> dict:
+        extra["x-request-id"] = self.rid
+        extra["x-llmgw-served-model"] = self.model
+        if self.headers:
+            extra.update(self.headers)
+        return extra
+
+    def _finish(self, resp: web.Response) -> web.Response:
+        resp.headers["x-request-id"] = self.rid
+        resp.headers["x-llmgw-served-model"] = self.model
+        if self.headers:
+            resp.headers.update(self.headers)
+        return resp
+
+    @property
+    def failed_early(self) -> bool:
+        """It failed (a 5xx, or no engine answered) before anything reached the client:
+        another model may still answer."""
+        return self.resp is None and self.status >= 500 and self.status != CLIENT_CLOSED
+
+    # -- keepalive while waiting for the first token ----------------------------------
+
+    def _arm_keepalive(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._keepalive = loop.call_later(self.proxy.keepalive_s, self._keepalive_due)
+
+    def _keepalive_due(self) -> None:
+        self._keepalive_task = asyncio.ensure_future(self._send_keepalive())
+
+    async def _send_keepalive(self) -> None:
+        try:
+            resp = self.resp or await self._ensure_stream()
+            await resp.write(b": keepalive\n\n")
+        except ConnectionError:
+            return
+        if self._waiting_first:
+            self._arm_keepalive()
+
+    def _stop_keepalive(self) -> None:
+        self._waiting_first = False
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
+
+    async def _settle(self) -> None:
+        """Let a keepalive write under way finish, so two writers never interleave."""
+        task = self._keepalive_task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            await asyncio.shield(task)
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def error_message(data: bytes) -> str:
+    try:
+        return json.loads(data)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return data[:300].decode(errors="replace")
+
+
+def engine_error_body(status: int, data: bytes) -> bytes:
+    """An engine's error, passed on in OpenAI's shape whatever shape it came in."""
+    try:
+        obj = json.loads(data)
+        if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
+            return data
+    except ValueError:
+        pass
+    text = data[:500].decode(errors="replace").strip() or f"HTTP {status}"
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return json.dumps(
+        {
+            "error": {
+                "message": f"The engine answered: {text}",
+                "type": kind,
+                "param": None,
+                "code": f"engine_{status}",
+            }
+        }
+    ).encode()

@@ -1,0 +1,152 @@
+"""Limits and budgets at the door: reserve what a request may use before it is sent,
+answer 429 (or 503) in OpenAI's shape when it may not, correct the reservation when it
+ends, and say where the caller stands in `x-ratelimit-*` headers.
+"""
+
+import asyncio
+import math
+import time
+
+from aiohttp import web
+
+from llmgw_router import metrics
+from llmgw_router.errors import api_error
+from llmgw_router.leases import Leaser
+from llmgw_router.limits import (
+    BUDGET_KINDS,
+    Limiter,
+    Reservation,
+    Shortfall,
+    cost_units,
+    estimate_prompt_tokens,
+)
+from llmgw_router.policy import Policy
+
+_WHAT = {
+    "rpm": "requests per minute",
+    "tpm": "tokens per minute",
+    "concurrent": "concurrent requests",
+    "tokens/day": "tokens per day",
+    "tokens/month": "tokens per month",
+    "cost/day": "cost per day",
+    "cost/month": "cost per month",
+}
+
+
+class Ask:
+    """What one request asks of its limits: the reservation's amounts."""
+
+    __slots__ = ("prompt", "completion", "takes")
+
+    def __init__(self, prompt: int, completion: int, takes: list):
+        self.prompt, self.completion, self.takes = prompt, completion, takes
+
+
+class Quota:
+    def __init__(self, limiter: Limiter, leaser: Leaser | None, wait_s: float,
+                 default_max_tokens: int):  # fmt: skip
+        self.limiter = limiter
+        self.leaser = leaser
+        self.wait_s = wait_s
+        self.default_max_tokens = default_max_tokens
+
+    def ask(self, policy: Policy, body_len: int, max_tokens: int, prices) -> Ask:
+        """The amounts to reserve: 1 request, prompt estimate + max_tokens, their price."""
+        prompt = estimate_prompt_tokens(body_len)
+        takes = [(c, 1) for c in policy.ones]
+        if policy.tokens:
+            takes += [(c, prompt + max_tokens) for c in policy.tokens]
+        if policy.costs:
+            units = cost_units(prompt, max_tokens, *prices) if prices else 0
+            takes += [(c, units) for c in policy.costs]
+        return Ask(prompt, max_tokens, takes)
+
+    async def reserve(self, ask: Ask):
+        """A Reservation, or the Shortfall that stopped it: wait (up to `wait_s` in all)
+        for the lease thread while this router's share has run out."""
+        lim = self.limiter
+        r = lim.reserve(ask.takes, time.time())
+        if isinstance(r, Reservation) or not r.wait or self.leaser is None:
+            return r
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        while True:
+            fut = loop.create_future()
+            lim.add_waiter(r.counter, fut, r.amount)
+            self.leaser.wake()
+            try:
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await fut
+            except TimeoutError:
+                return r
+            r = lim.reserve(ask.takes, time.time())
+            if isinstance(r, Reservation) or not r.wait or loop.time() >= deadline:
+                return r
+
+    def settle(self, r: Reservation, prompt: int, completion: int, prices) -> int:
+        """Correct the reservation to what was used; the request's cost units."""
+        units = cost_units(prompt, completion, *prices) if prices else 0
+        self.limiter.settle(r, prompt + completion, units, time.time())
+        return units
+
+    @staticmethod
+    def headers(policy: Policy) -> dict:
+        """x-ratelimit-{limit,remaining,reset}-{requests,tokens} of the tightest rpm and
+        tpm limits that apply (none when none do)."""
+        out = {}
+        now = time.time()
+        for unit, counters in (("requests", policy.rpm), ("tokens", policy.tpm)):
+            if not counters:
+                continue
+            c = min(counters, key=lambda c: c.remaining())
+            out[f"x-ratelimit-limit-{unit}"] = str(c.limit)
+            out[f"x-ratelimit-remaining-{unit}"] = str(c.remaining())
+            out[f"x-ratelimit-reset-{unit}"] = f"{math.ceil(c.reset_in(now))}s"
+        return out
+
+    @staticmethod
+    def refusal(short: Shortfall, rid: str, headers: dict) -> web.Response:
+        """429 for a limit or budget, 503 when more could not be leased from the store."""
+        c = short.counter
+        scope, subject = c.name.split(":", 2)[1:]
+        what = f"{_WHAT[c.kind]} on {scope} '{subject}'"
+        if c.failed:
+            metrics.LIMITS_UNAVAILABLE.inc()
+            resp = api_error(
+                503,
+                f"The allowance for {what} cannot be checked right now (the store is"
+                " unreachable); try again shortly.",
+                "server_error",
+                "limits_unavailable",
+                rid,
+                retry_after=2,
+            )
+        elif c.kind in BUDGET_KINDS:
+            metrics.BUDGET_REJECTIONS.labels(c.kind).inc()
+            resp = api_error(
+                429,
+                f"The budget for {what} is spent (limit {_amount(c, c.limit)}); it renews"
+                f" in {math.ceil(c.reset_in(time.time()))}s.",
+                "insufficient_quota",
+                "insufficient_quota",
+                rid,
+                retry=False,
+            )
+        else:
+            metrics.LIMITED.labels(c.kind).inc()
+            wait = max(1, math.ceil(c.reset_in(time.time()))) if c.period else 1
+            too_big = short.amount > c.limit
+            message = (
+                f"This request needs {short.amount} of {what}, more than the limit ({c.limit})."
+                if too_big
+                else f"Rate limit reached for {what} (limit {c.limit}); try again in {wait}s."
+            )
+            resp = api_error(429, message, "requests" if c.kind != "tpm" else "tokens",
+                             "rate_limit_exceeded", rid, retry_after=wait,
+                             retry=False if too_big else None)  # fmt: skip
+        resp.headers.update(headers)
+        return resp
+
+
+def _amount(c, value: int) -> str:
+    return f"{value / 1_000_000:g}" if c.kind.startswith("cost") else str(value)

@@ -45,6 +45,7 @@ bench: install
 	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS))
 	$(BIN)/python bench/scheduler.py
 	$(BIN)/python bench/cold_start.py
+	$(if $(LLMGW_TEST_POSTGRES),$(BIN)/python bench/failover.py,@echo "bench/failover.py skipped: set LLMGW_TEST_POSTGRES")
 
 clean:
 	rm -rf var .pytest_cache

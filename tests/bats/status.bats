@@ -167,3 +167,14 @@ teardown_file() {
     [ "$stderr" = "Error: no such key: key_nope (see \`llmgw keys list\`)" ]
     [ "$(llmgw keys list --json | jq -r ".[] | select(.id==\"$id\") | .state")" = active ]
 }
+
+@test "a queued change with --json prints the API's answer on stdout and nothing on stderr" {
+    run --separate-stderr llmgw retry lonely --json
+    [ "$status" -eq 0 ]
+    [ "$stderr" = "" ]
+    [ "$(echo "$output" | jq -r '.model + " " + .queued')" = "lonely retry" ]
+    run --separate-stderr llmgw scale lonely --min 1 --max 2 --json
+    [ "$status" -eq 0 ]
+    [ "$(echo "$output" | jq -c '[.min, .max]')" = "[1,2]" ]
+    [ "$(llmgw models --json | jq -r '.[] | select(.name=="lonely") | .max')" = 2 ]
+}

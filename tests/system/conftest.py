@@ -45,6 +45,7 @@ class Cluster:
         self.sched_ports: dict[str, dict] = {}
         self.add_scheduler("s1")
         self.schedulers: dict[str, Proc] = {}
+        self.settle_s = 1.5
         self.lease = "lease_s = 3.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
         self.admin_scheme = "http"
         self.scheduler_extra = ""  # more [scheduler] lines, e.g. for TLS
@@ -154,7 +155,8 @@ class Cluster:
             f'publish = "{ports["pub"]}"\n'
             f'metrics_listen = "127.0.0.1:{ports["metrics"]}"\ntick_s = 0.2\n'
             f'admin_listen = "127.0.0.1:{ports["admin"]}"\n'
-            "node_lost_s = 3.0\nsnapshot_s = 1.0\nsettle_s = 1.5\nbackoff_base_s = 0.5\n"
+            f"node_lost_s = 3.0\nsnapshot_s = 1.0\nsettle_s = {self.settle_s}\n"
+            "backoff_base_s = 0.5\n"
             "backoff_max_s = 2.0\nstart_timeout_s = 20.0\n"
             + self.lease
             + self.scheduler_extra

@@ -3,9 +3,9 @@ from llmgw_router.feed import Feed
 from llmgw_router.routing import Endpoint, RoutingTable
 
 
-def routes(seq, replicas, models=()):
+def routes(seq, replicas, models=(), epoch=0):
     return bus.encode(
-        "routes", "scheduler", {"seq": seq, "replicas": replicas, "models": list(models)}
+        "routes", "scheduler", {"seq": seq, "replicas": replicas, "models": list(models)}, epoch
     )
 
 
@@ -70,3 +70,25 @@ def test_garbage_and_other_messages_change_nothing():
     assert not feed.handle(b"not json")
     assert not feed.handle(bus.encode("heartbeat", "x", {}))
     assert table.serves("m")
+
+
+def test_only_the_newest_leader_s_table_counts_whatever_order_they_arrive_in():
+    table = RoutingTable()
+    feed = feed_for(table)
+    assert feed.handle(routes(40, [replica("r-old", "m")], epoch=3))
+    # A new leader starts its sequence again: its epoch makes it newer.
+    assert feed.handle(routes(1, [replica("r-new", "m")], epoch=4))
+    assert [ep.id for ep in table.endpoints()] == ["r-new"]
+    # The deposed leader, woken up, publishes once more: ignored.
+    assert not feed.handle(routes(41, [replica("r-old", "m")], epoch=3))
+    assert [ep.id for ep in table.endpoints()] == ["r-new"]
+    # The same table again (the periodic snapshot) is applied as before.
+    assert feed.handle(routes(1, [replica("r-new", "m")], epoch=4))
+
+
+def test_of_tables_that_queued_up_the_newest_by_epoch_and_sequence_is_taken():
+    from llmgw_router.feed import _newest
+
+    batch = [routes(5, [], epoch=2), routes(1, [], epoch=3), routes(9, [], epoch=2)]
+    assert bus.decode(_newest(batch))["epoch"] == 3
+    assert bus.decode(_newest(batch[:1]))["body"]["seq"] == 5

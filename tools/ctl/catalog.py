@@ -5,7 +5,7 @@ import tomllib
 import click
 
 from llmgw_ctl.api import client, model_path
-from llmgw_ctl.common import pass_state, print_json
+from llmgw_ctl.common import json_option, pass_state, print_json, queued
 from llmgw_ctl.status import models
 
 
@@ -46,14 +46,15 @@ def models_add(state, file, as_json):
 
 @models.command("remove")
 @click.argument("name")
+@json_option
 @pass_state
-def models_remove(state, name):
+def models_remove(state, name, as_json):
     """Remove a model added with `models add`; its replicas are stopped.
 
     Models in the config file are removed there, not here.
     """
-    client(state).delete(model_path(name, "").rstrip("/"))
-    click.echo(f"queued: remove {name}", err=True)
+    body = client(state).delete(model_path(name, "").rstrip("/"))
+    queued(body, as_json, f"remove {name}")
 
 
 @click.command("scale")
@@ -66,8 +67,9 @@ def models_remove(state, name):
     help="Replicas always running (0: on demand).",
 )
 @click.option("--max", "max_", type=click.IntRange(1), required=True, help="Replicas at most.")
+@json_option
 @pass_state
-def scale(state, model, min_, max_):
+def scale(state, model, min_, max_, as_json):
     """Set how many replicas MODEL runs; it outlives restarts and definition edits.
 
     \b
@@ -77,5 +79,5 @@ def scale(state, model, min_, max_):
     """
     if min_ > max_:
         raise click.BadParameter(f"--min {min_} is above --max {max_}")
-    client(state).post(model_path(model, "scale"), {"min": min_, "max": max_})
-    click.echo(f"queued: scale {model} to {min_}..{max_}", err=True)
+    body = client(state).post(model_path(model, "scale"), {"min": min_, "max": max_})
+    queued(body, as_json, f"scale {model} to {min_}..{max_}")

@@ -29,6 +29,17 @@ class State(cli.ConfigState):
 
 pass_state = click.make_pass_decorator(State)
 
+# For commands that queue a change: print the API's answer instead of a line on stderr.
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+
+
+def queued(body: dict, as_json: bool, words: str) -> None:
+    """Say a queued change was accepted: the API's JSON, or 'queued: ...' on stderr."""
+    if as_json:
+        print_json(body)
+    else:
+        click.echo(f"queued: {words}", err=True)
+
 
 def when(ts: float | None) -> str:
     if ts is None:

@@ -5,7 +5,7 @@ from urllib.parse import quote
 import click
 
 from llmgw_ctl.api import client
-from llmgw_ctl.common import pass_state
+from llmgw_ctl.common import json_option, pass_state, queued
 
 
 def _node_path(name: str, action: str) -> str:
@@ -14,8 +14,9 @@ def _node_path(name: str, action: str) -> str:
 
 @click.command("drain")
 @click.argument("node")
+@json_option
 @pass_state
-def drain(state, node):
+def drain(state, node, as_json):
     """Move every replica off NODE and place nothing new there.
 
     Each replica there keeps serving until its model has enough ready replicas on
@@ -28,13 +29,14 @@ def drain(state, node):
       llmgw replicas --json | jq -r '.[] | select(.node=="gpu-03") | .id'
     """
     body = client(state).post(_node_path(node, "drain"))
-    click.echo(f"queued: drain {body.get('node', node)}", err=True)
+    queued(body, as_json, f"drain {body.get('node', node)}")
 
 
 @click.command("undrain")
 @click.argument("node")
+@json_option
 @pass_state
-def undrain(state, node):
+def undrain(state, node, as_json):
     """Let the scheduler place replicas on NODE again.
 
     \b
@@ -42,4 +44,4 @@ def undrain(state, node):
       llmgw undrain gpu-03
     """
     body = client(state).post(_node_path(node, "undrain"))
-    click.echo(f"queued: undrain {body.get('node', node)}", err=True)
+    queued(body, as_json, f"undrain {body.get('node', node)}")

@@ -7,7 +7,7 @@ import click
 
 from llmgw.placement import size
 from llmgw_ctl.api import client, model_path
-from llmgw_ctl.common import pass_state, print_json, print_table
+from llmgw_ctl.common import json_option, pass_state, print_json, print_table, queued
 from llmgw_ctl.restart import print_restarts
 
 # Model states an operator must act on; `backoff` heals itself but says why it is failing.
@@ -301,8 +301,9 @@ def explain_placement(state, model, as_json):
 
 @click.command("retry")
 @click.argument("model")
+@json_option
 @pass_state
-def retry(state, model):
+def retry(state, model, as_json):
     """Unpark MODEL and forget its failed starts.
 
     The scheduler starts it again on its next pass; the change is queued, so success
@@ -314,4 +315,4 @@ def retry(state, model):
       llmgw models --json | jq -r '.[] | select(.state=="parked") | .name' | xargs -n1 llmgw retry
     """
     body = client(state).post(model_path(model, "retry"))
-    click.echo(f"queued: {body.get('queued', 'retry')} {body.get('model', model)}", err=True)
+    queued(body, as_json, f"{body.get('queued', 'retry')} {body.get('model', model)}")

@@ -167,6 +167,10 @@ class Feed:
                 if ep.last_used or ep.outstanding
             }
             self._send(dealers, "activity", {"idle_s": idle, "replica_idle_s": replicas})
+        # Ask again for what requests still wait on: a want can be lost (a scheduler
+        # restarting, a failover) and the request would wait out its window for nothing.
+        for model in self.table.waited_for():
+            self._send(dealers, "want", {"model": model})
 
     # -- the thread ------------------------------------------------------------------------
 

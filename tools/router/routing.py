@@ -98,6 +98,11 @@ class RoutingTable:
         """The scheduler's (state, reason) for a catalog model, None for an unknown one."""
         return self._known.get(model)
 
+    def waited_for(self) -> list[str]:
+        """Models that requests are waiting on now (read from the feed's thread: a copy
+        of the keys is one C call, safe against the event loop changing the dict)."""
+        return [m for m, futs in list(self._waiters.items()) if futs]
+
     def models(self) -> list[str]:
         return sorted(self._by_model)
 

@@ -185,7 +185,7 @@ class Scheduler:
         if state == "ready":
             self.backoff[model] = after_success(self.backoff.get(model, Backoff()))
             m = self.models.get(model)
-            if m is not None and shard.get("rss"):
+            if m is not None and shard.get("rss") and self.leading():  # a standby writes nothing
                 self.needs.record(m, int(shard["rss"]))
         elif state == "failed" and before != "stopping":
             self._failed(model, now, shard.get("reason") or "")
@@ -206,7 +206,8 @@ class Scheduler:
         )
         m = self.models.get(model)
         if m is not None and b.failures >= PARK_AFTER and model not in self.parked:
-            self._park(m, b.failures, now)
+            if self.leading():  # a standby reads the park from the store when it takes over
+                self._park(m, b.failures, now)
 
     # -- draining ------------------------------------------------------------------------
 
@@ -495,7 +496,9 @@ class Scheduler:
             node.draining = node.id in self.drained
         for row in ReplicaIntent.select():
             self.intents.add(row.id)
-            if row.id not in self.inv.replicas:
+            if now - row.created_at > self.cfg.start_timeout_s:
+                self._intents_done.add(row.id)  # long settled one way or the other
+            elif row.id not in self.inv.replicas:
                 # Asked for by the last leader, not reported yet: count it as pending, so
                 # it is not started again; the start timeout removes it if it never comes.
                 self.inv.replicas[row.id] = Replica(

@@ -25,38 +25,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import requests
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import _drop_pg_database, _fresh_pg_database  # noqa: E402
 from tests.helpers import eventually, llmgw  # noqa: E402
-from tests.system.conftest import Cluster, GiB  # noqa: E402
-
-
-class Traffic:
-    def __init__(self, cluster):
-        self.cluster, self.ok, self.failed = cluster, 0, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                r = self.cluster.chat("m")
-                if r.status_code == 200:
-                    self.ok += 1
-                else:
-                    self.failed.append(f"HTTP {r.status_code}")
-            except requests.RequestException as e:
-                self.failed.append(type(e).__name__)
-            time.sleep(0.02)
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
+from tests.system.conftest import Cluster, GiB, Traffic  # noqa: E402
 
 
 def role(cluster, name):

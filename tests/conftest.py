@@ -24,21 +24,35 @@ def isolated_paths(tmp_path, monkeypatch):
 POSTGRES = os.environ.get("LLMGW_TEST_POSTGRES")  # e.g. postgresql://postgres@127.0.0.1/postgres
 
 
+def postgres_or_skip() -> str:
+    """The server's admin URL; skip without one, except in CI, where it must be there."""
+    if not POSTGRES:
+        if os.environ.get("CI"):
+            pytest.fail("CI must set LLMGW_TEST_POSTGRES: PostgreSQL tests may not skip")
+        pytest.skip("LLMGW_TEST_POSTGRES is not set")
+    return POSTGRES
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request, tmp_path, monkeypatch):
     """A fresh, empty store of each kind. PostgreSQL is never skipped in CI."""
     if request.param == "sqlite":
         url = f"sqlite://{tmp_path}/store.db"
     else:
-        if not POSTGRES:
-            if os.environ.get("CI"):
-                pytest.fail("CI must set LLMGW_TEST_POSTGRES: PostgreSQL tests may not skip")
-            pytest.skip("LLMGW_TEST_POSTGRES is not set")
-        url = _fresh_pg_database(POSTGRES)
+        url = _fresh_pg_database(postgres_or_skip())
     monkeypatch.setenv("LLMGW_STORE", url)
     yield url
     if request.param == "postgresql":
         _drop_pg_database(POSTGRES, url)
+
+
+@pytest.fixture
+def pg_store(monkeypatch):
+    """Every process a test starts on one fresh PostgreSQL database (LLMGW_STORE)."""
+    url = _fresh_pg_database(postgres_or_skip())
+    monkeypatch.setenv("LLMGW_STORE", url)
+    yield url
+    _drop_pg_database(POSTGRES, url)
 
 
 def _fresh_pg_database(admin_url: str) -> str:

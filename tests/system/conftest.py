@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -305,6 +306,34 @@ class Cluster:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+class Traffic:
+    """Requests for `model` through the router, one after another, until stopped: how a
+    failover or a restart looks to clients. Counts what was answered and what failed."""
+
+    def __init__(self, cluster: Cluster, model: str = "m", pause_s: float = 0.02):
+        self.cluster, self.model, self.pause_s = cluster, model, pause_s
+        self.ok, self.failed = 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                r = self.cluster.chat(self.model)
+                if r.status_code == 200:
+                    self.ok += 1
+                else:
+                    self.failed.append(f"HTTP {r.status_code} {r.text[:200]}")
+            except requests.RequestException as e:
+                self.failed.append(repr(e))
+            self._stop.wait(self.pause_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 @pytest.fixture

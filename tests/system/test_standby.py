@@ -4,29 +4,13 @@ keeps serving whatever happens to the leader."""
 import os
 import re
 import signal
-import threading
 import time
 
 import psycopg2
 import pytest
 
 from tests.helpers import eventually
-from tests.system.conftest import GiB
-
-
-@pytest.fixture
-def pg_store(monkeypatch, request):
-    """Every process of the cluster on one fresh PostgreSQL database."""
-    from tests.conftest import POSTGRES, _drop_pg_database, _fresh_pg_database
-
-    if not POSTGRES:
-        if os.environ.get("CI"):
-            pytest.fail("CI must set LLMGW_TEST_POSTGRES: PostgreSQL tests may not skip")
-        pytest.skip("LLMGW_TEST_POSTGRES is not set")
-    url = _fresh_pg_database(POSTGRES)
-    monkeypatch.setenv("LLMGW_STORE", url)
-    yield url
-    _drop_pg_database(POSTGRES, url)
+from tests.system.conftest import GiB, Traffic
 
 
 @pytest.fixture
@@ -66,32 +50,6 @@ def started(cluster) -> list[str]:
     for proc in cluster.schedulers.values():
         ids += re.findall(r": start_replica replica=(\S+)", proc.log())
     return ids
-
-
-class Traffic:
-    """Requests through the router, one after another, until stopped; counts failures."""
-
-    def __init__(self, cluster):
-        self.cluster, self.ok, self.failed = cluster, 0, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                r = self.cluster.chat("m")
-                if r.status_code == 200:
-                    self.ok += 1
-                else:
-                    self.failed.append(f"HTTP {r.status_code} {r.text[:200]}")
-            except Exception as e:
-                self.failed.append(repr(e))
-            time.sleep(0.05)
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
 
 
 def test_the_standby_takes_over_a_killed_leader_and_nothing_is_started_twice(pair):

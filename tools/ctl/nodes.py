@@ -69,6 +69,16 @@ def _list(state, kind: str, as_json: bool) -> None:
     )
 
 
+def add_options(f):
+    """NAME, --json, --out and --store: the same for `nodes add` and `routers add`."""
+    f = click.option("--store", "direct", is_flag=True,
+                     help="Register in the store directly, not through the scheduler.")(f)
+    f = click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+                     help="Also write its keypair and the scheduler's public key here.")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="Print the peer as JSON.")(f)
+    return click.argument("name")(f)  # fmt: skip
+
+
 @click.group("nodes", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.pass_context
@@ -86,19 +96,7 @@ def nodes(ctx, as_json):
 
 
 @nodes.command("add")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Also write its keypair and the scheduler's public key into this directory.",
-)
-@click.option(
-    "--store",
-    "direct",
-    is_flag=True,
-    help="Register in the store directly, not through the scheduler.",
-)
+@add_options
 @pass_state
 def nodes_add(state, name, as_json, out, direct):
     """Make NAME's CURVE keypair and let its agent in."""
@@ -127,19 +125,7 @@ def routers(ctx):
 
 
 @routers.command("add")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Also write its keypair and the scheduler's public key into this directory.",
-)
-@click.option(
-    "--store",
-    "direct",
-    is_flag=True,
-    help="Register in the store directly, not through the scheduler.",
-)
+@add_options
 @pass_state
 def routers_add(state, name, as_json, out, direct):
     """Make NAME's CURVE keypair and let the router subscribe."""

@@ -5,6 +5,7 @@ import time
 
 import click
 
+from llmgw.human import age
 from llmgw.placement import size
 from llmgw_ctl.api import client, model_path
 from llmgw_ctl.common import json_option, pass_state, print_json, print_table, queued
@@ -17,17 +18,6 @@ EXPLAINED = (*NEEDS_ACTION, "backoff")
 
 def gib(n) -> str:
     return f"{(n or 0) / 2**30:.1f}"
-
-
-def age(ts: float | None, now: float) -> str:
-    """How long ago, in the largest unit that fits: 45s, 12m, 3h, 2d."""
-    if ts is None:
-        return "-"
-    s = max(0, int(now - ts))
-    for unit, per in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= per:
-            return f"{s // per}{unit}"
-    return f"{s}s"
 
 
 def duration(seconds: float | None) -> str:

@@ -14,6 +14,7 @@ from html import escape
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
+from llmgw.human import age
 from llmgw.placement import size
 
 COOKIE = "llmgw_admin"
@@ -71,17 +72,6 @@ def e(value) -> str:
     """Everything shown is escaped: model names, reasons and engine output come from
     operators and engines, and the page sits behind the admin token."""
     return escape(str(value), quote=True)
-
-
-def age(ts: float | None, now: float) -> str:
-    """How long ago, in the largest unit that fits: 45s, 12m, 3h, 2d."""
-    if ts is None:
-        return "-"
-    s = max(0, int(now - ts))
-    for unit, per in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= per:
-            return f"{s // per}{unit}"
-    return f"{s}s"
 
 
 def state(name: str) -> str:

@@ -1,0 +1,12 @@
+"""Numbers as people read them, shared by `llmgw` and the status page."""
+
+
+def age(ts: float | None, now: float) -> str:
+    """How long ago, in the largest unit that fits: 45s, 12m, 3h, 2d; '-' for never."""
+    if ts is None:
+        return "-"
+    s = max(0, int(now - ts))
+    for unit, per in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= per:
+            return f"{s // per}{unit}"
+    return f"{s}s"

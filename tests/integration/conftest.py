@@ -4,7 +4,7 @@ import os
 import pytest
 import requests
 
-from tests.helpers import eventually, free_port, start_fake_engine, start_router
+from tests.helpers import eventually, free_port, llmgw, start_fake_engine, start_router
 
 ENGINE_KEY = "engine-key-for-tests"
 
@@ -88,3 +88,57 @@ def router(make_router, engine):
 def dead_url() -> str:
     """An address where nothing listens."""
     return f"http://127.0.0.1:{free_port()}"
+
+
+# -- routers with tenancy, limits, bands and a catalog ---------------------------------
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+
+
+def ctl(*args):
+    return json.loads(llmgw(*args, "--store", "--json").stdout)
+
+
+class Client:
+    def __init__(self, url, secret):
+        self.url, self.secret = url, secret
+
+    def chat(self, body=None, secret=None, **kw):
+        return requests.post(
+            self.url + "/v1/chat/completions",
+            data=json.dumps(body or CHAT),
+            headers={"Authorization": f"Bearer {secret or self.secret}"},
+            timeout=30,
+            **kw,
+        )
+
+    def metrics(self) -> str:
+        return requests.get(self.url + "/metrics", timeout=5).text
+
+
+@pytest.fixture
+def limited_router(tmp_path, engine):
+    """Start a router in front of the fake engine, with extra config text."""
+    started = []
+    (tmp_path / "engine.key").write_text(ENGINE_KEY + "\n")
+
+    def make(secret, extra="", models=("m",), endpoints=None):
+        endpoints = endpoints or [("e0", engine.url, models)]
+        text = (
+            '[router]\nlisten = "127.0.0.1:{port}"\nkey_refresh_s = 0.2\n'
+            "limits_refresh_s = 0.2\nlease_wait_s = 3.0\n" + extra
+        )
+        for ident, url, served in endpoints:
+            text += (
+                f'[[router.endpoints]]\nid = "{ident}"\nurl = "{url}"\n'
+                f"models = {json.dumps(list(served))}\n"
+                f'key = "@{tmp_path / "engine.key"}"\n'
+            )
+        # Ready once keys and limits are loaded: those made before it are in the first load.
+        proc, url = start_router(tmp_path, text)
+        started.append(proc)
+        return Client(url, secret)
+
+    yield make
+    for proc in started:
+        proc.stop()

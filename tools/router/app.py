@@ -147,10 +147,12 @@ def capacity(table: RoutingTable, policies: Policies, model: str, rc) -> int | N
 
 async def health(request: web.Request) -> web.Response:
     keys, table = request.app["keys"], request.app["table"]
-    ready = keys.loaded.is_set()
+    policies = request.app["policies"]
+    ready = keys.loaded.is_set() and policies.loaded.is_set()
     body = {
         "status": "ok" if ready else "starting",
-        "keys_loaded": ready,
+        "keys_loaded": keys.loaded.is_set(),
+        "limits_loaded": policies.loaded.is_set(),
         "models": table.models(),
         "usage_rows_pending": request.app["usage"].pending(),
     }

@@ -180,7 +180,8 @@ class Leaser:
         lim = self.limiter
         with lim.lock:
             used, c.used = c.used, 0
-            waiting, need = bool(c.waiters), c.need
+            # A request found it short (need) or waits on it: lease for it now.
+            waiting, need, c.need = bool(c.waiters) or c.need > 0, c.need, 0
             if c.period is not None:
                 c.roll(now)
             local, in_use = c.local, c.in_use

@@ -118,28 +118,35 @@ class Limiter:
     def reserve(self, takes: list, now: float):
         """Take `amount` from every counter, or nothing: a Reservation, or a Shortfall
         naming the first counter that cannot give it."""
+        short = None
         with self.lock:
             for c, amount in takes:
+                # Asked for, admitted or not: the lease thread keeps (and gets) allowance
+                # for counters in use, and gives back that of idle ones.
+                c.last_used = now
                 if c.period is None:
-                    if c.local < amount or now >= c.valid_until:
-                        return self._short(c, amount, now)
+                    ok = c.local >= amount and now < c.valid_until
                 else:
                     c.roll(now)
-                    if c.local < amount:
-                        return self._short(c, amount, now)
+                    ok = c.local >= amount
+                if not ok:
+                    # A request bigger than the whole limit can never fit: no use waiting
+                    # for it, nor asking the store again while the fleet has none left.
+                    wait = now >= c.exhausted_until and amount <= c.limit
+                    if wait:
+                        c.need = max(c.need, amount)
+                    if short is None:
+                        short = Shortfall(c, amount, wait)
+            if short is not None:
+                return short
             out = []
             for c, amount in takes:
                 c.local -= amount
                 c.used += amount
-                c.last_used = now
                 if c.period is None:
                     c.in_use += amount
                 out.append((c, amount, c.window))
             return Reservation(out)
-
-    def _short(self, c: Counter, amount: int, now: float) -> Shortfall:
-        # A request bigger than the whole limit can never fit: no use waiting for it.
-        return Shortfall(c, amount, now >= c.exhausted_until and amount <= c.limit)
 
     def settle(self, r: Reservation, tokens: int, cost_units: int, now: float) -> None:
         """Correct a reservation to what the request used: the difference goes back to
@@ -171,7 +178,7 @@ class Limiter:
 
     def take_waiters(self, c: Counter) -> list:
         with self.lock:
-            waiters, c.waiters, c.need = c.waiters, [], 0
+            waiters, c.waiters = c.waiters, []
             return waiters
 
     def granted(self, c: Counter, window: int, amount: int, fleet: int, full: bool,

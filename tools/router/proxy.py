@@ -86,10 +86,12 @@ class Proxy:
 
     def authorise(self, request: web.Request, rid: str):
         """The caller's Key, or an error response."""
-        if not self.keys.loaded.is_set():
+        if not self.keys.loaded.is_set() or (
+            self.policies is not None and not self.policies.loaded.is_set()
+        ):
             return api_error(
                 503,
-                "API keys are not loaded yet (is the store reachable?)",
+                "API keys and limits are not loaded yet (is the store reachable?)",
                 "server_error",
                 "keys_not_loaded",
                 rid,

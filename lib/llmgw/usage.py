@@ -4,8 +4,9 @@ without bound (LiteLLM's spend log is known to: millions of rows, slow dashboard
 Routers write one raw row per request. `rollup()` (`llmgw usage rollup`, daily from a
 systemd timer) sums each complete UTC day into `usage_daily`, one row per attribution
 (key, user, project, team, org, requested and served model), then deletes raw rows
-older than the retention. A day is rolled up once; rows that arrive for it later (a
-router that buffered through a store outage) are rolled up by the next run.
+older than the retention. Rows that arrive for a day after it was rolled up (a router
+that buffered through a store outage) are counted by the next run: a day whose raw
+row count changed is summed again, and late rows for a pruned day are added to it.
 
 Reports add the rollups of rolled-up days to the raw rows of the days after them, so
 a report reaching back past the last rollup counts those days whole.
@@ -27,39 +28,54 @@ TOTALS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cost")
 
 
 def rollup(now: float, retention_days: int) -> dict:
-    """Roll up every complete day not yet (fully) rolled up, then prune raw rows older
-    than `retention_days` (0: keep them). Returns what was done."""
+    """Roll up every complete day whose raw rows are not all in its rollup yet, then
+    prune raw rows older than `retention_days` (0: keep them). Returns what was done."""
     until = periods.day_start(now - GRACE_S)  # days before this are complete
+    cutoff = periods.day_start(now) - retention_days * DAY if retention_days > 0 else None
     first = Usage.select(peewee.fn.MIN(Usage.at)).where(Usage.at < until).scalar()
-    rolled, rows = [], 0
-    if first is not None:
-        done = {d.day: d for d in UsageDay.select()}
-        day = periods.day_start(first)
-        while day < until:
-            mark = done.get(float(day))
-            after = mark.last_id if mark else 0
-            in_day = (Usage.at >= day) & (Usage.at < day + DAY) & (Usage.id > after)
+    done = {"days_rolled_up": 0, "rollup_rows": 0, "raw_rows_pruned": 0}
+    if first is None:
+        return done
+    marks = {d.day: d for d in UsageDay.select()}
+    day = periods.day_start(first)
+    while day < until:
+        in_day = (Usage.at >= day) & (Usage.at < day + DAY)
+        prune = cutoff is not None and day + DAY <= cutoff
+        with Usage._meta.database.atomic():
+            mark = marks.get(float(day))
             last = Usage.select(peewee.fn.MAX(Usage.id)).where(in_day).scalar()
             if last is not None:
-                rows += _roll_day(day, in_day & (Usage.id <= last), last, now, mark)
-                rolled.append(day)
-            day += DAY
-    pruned = 0
-    if retention_days > 0:
-        cutoff = periods.day_start(now) - retention_days * DAY
-        # Only rolled-up rows: the rest wait for the next run (as they will never be
-        # older than the cutoff and unrolled unless rollup itself failed).
-        rolled_ids = [(d.day, d.last_id) for d in UsageDay.select().where(UsageDay.day < cutoff)]
-        for day, last_id in rolled_ids:
-            pruned += (
-                Usage.delete()
-                .where((Usage.at >= day) & (Usage.at < day + DAY) & (Usage.id <= last_id))
-                .execute()
-            )
-    return {"days_rolled_up": len(rolled), "rollup_rows": rows, "raw_rows_pruned": pruned}
+                rows = in_day & (Usage.id <= last)  # not any that arrive meanwhile
+                n = Usage.select().where(rows).count()
+                if mark is not None and mark.pruned:
+                    # Late rows for a day already pruned: add them, and drop them.
+                    done["rollup_rows"] += _insert(day, rows)
+                    done["raw_rows_pruned"] += Usage.delete().where(rows).execute()
+                    mark.rows += n
+                    mark.rolled_at = now
+                    mark.save()
+                    done["days_rolled_up"] += 1
+                else:
+                    if mark is None or mark.rows != n:
+                        UsageDaily.delete().where(UsageDaily.day == float(day)).execute()
+                        done["rollup_rows"] += _insert(day, rows)
+                        done["days_rolled_up"] += 1
+                        if mark is None:
+                            mark = UsageDay(day=float(day), rolled_at=now, rows=n)
+                            mark.save(force_insert=True)
+                        else:
+                            mark.rows, mark.rolled_at = n, now
+                            mark.save()
+                    if prune:
+                        done["raw_rows_pruned"] += Usage.delete().where(rows).execute()
+                        mark.pruned = True
+                        mark.save()
+        day += DAY
+    return done
 
 
-def _roll_day(day: int, where, last_id: int, now: float, mark) -> int:
+def _insert(day: int, where) -> int:
+    """Sum the raw rows `where` of one day into rollup rows; how many were made."""
     cols = [getattr(Usage, c) for c in _ATTRIBUTION]
     q = (
         Usage.select(
@@ -74,20 +90,12 @@ def _roll_day(day: int, where, last_id: int, now: float, mark) -> int:
         .group_by(*cols)
         .dicts()
     )
-    db = Usage._meta.database
-    with db.atomic():
-        out = [{**r, "day": float(day)} for r in q]
-        for r in out:
-            for k in ("requests", "errors", "prompt_tokens", "completion_tokens"):
-                r[k] = int(r[k] or 0)
-        for i in range(0, len(out), 200):
-            UsageDaily.insert_many(out[i : i + 200]).execute()
-        if mark is None:
-            UsageDay.insert(day=float(day), rolled_at=now, last_id=last_id).execute()
-        else:
-            UsageDay.update(rolled_at=now, last_id=last_id).where(
-                UsageDay.day == float(day)
-            ).execute()
+    out = [{**r, "day": float(day)} for r in q]
+    for r in out:
+        for k in ("requests", "errors", "prompt_tokens", "completion_tokens"):
+            r[k] = int(r[k] or 0)
+    for i in range(0, len(out), 200):
+        UsageDaily.insert_many(out[i : i + 200]).execute()
     return len(out)
 
 

@@ -145,12 +145,14 @@ class UsageDaily(BaseModel):
 
 
 class UsageDay(BaseModel):
-    """A UTC day whose raw usage rows have been rolled up, up to row `last_id`; rows that
-    arrive for it later are rolled up by the next run."""
+    """A UTC day that has been rolled up: how many raw rows its rollup counts (a rollup
+    that finds a different number counts the day again), and whether its raw rows have
+    been pruned (then raw rows that arrive for it late are added to its rollup)."""
 
     day = peewee.DoubleField(primary_key=True)
     rolled_at = peewee.DoubleField()
-    last_id = peewee.BigIntegerField()
+    rows = peewee.BigIntegerField()
+    pruned = peewee.BooleanField(default=False)
 
     class Meta:
         table_name = "usage_days"

@@ -50,6 +50,7 @@ class Engine:
         app.router.add_get("/health", self.health)
         app.router.add_post("/_control", self.control)
         app.router.add_get("/_stats", self.stats)
+        app.router.add_get("/slots", self.slots)
         return app
 
     async def health(self, request):
@@ -76,6 +77,13 @@ class Engine:
                 "last_body": self.last_body,
             }
         )
+
+    async def slots(self, request):
+        """As llama-server's: one entry per slot, busy while a request is answered."""
+        denied = self._check(request)
+        if denied:
+            return denied
+        return web.json_response([{"id": 0, "is_processing": self.active > 0}])
 
     def _check(self, request):
         if self.key and request.headers.get("Authorization") != f"Bearer {self.key}":

@@ -155,6 +155,9 @@ class AgentConfig:
     port_min: int = 8100
     port_max: int = 8199
     heartbeat_s: float = 2.0
+    # A ready engine asked to stop first finishes what it is answering (routers have
+    # stopped sending it anything), for at most this long; then SIGTERM.
+    drain_timeout_s: float = 60.0
     metrics_listen: str = "127.0.0.1:9072"
     # Resources to report instead of what is detected (0 / -1: detect).
     cpus: int = 0

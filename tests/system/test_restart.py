@@ -1,7 +1,10 @@
 """`llmgw restart`: replicas replaced one by one, the model answering throughout."""
 
 import json
+import threading
 import time
+
+import requests
 
 from tests.helpers import eventually
 from tests.system.conftest import GiB
@@ -87,8 +90,12 @@ def test_a_replica_started_before_its_profile_changed_is_marked_stale_until_rest
     ids = [r["id"] for r in json.loads(stale.stdout) if r["stale"]]
     assert ids == [old]
     assert cluster.ctl("restart", *ids, "--wait", "--timeout", "60").returncode == 0
-    replicas = cluster.admin("/v1/replicas")
-    assert [(r["stale"], r["id"] != old) for r in replicas] == [(False, True)]
+    # Done once the replacement is ready; the old one drains, then goes.
+    eventually(
+        lambda: [(r["stale"], r["id"] != old) for r in cluster.admin("/v1/replicas")]
+        == [(False, True)],
+        what="only the fresh replica",
+    )
 
 
 def test_restarting_what_does_not_run_is_a_one_line_error(cluster):
@@ -105,3 +112,45 @@ def test_restarting_what_does_not_run_is_a_one_line_error(cluster):
     assert result.returncode == 2 and "--model M, or --all" in result.stderr
     result = cluster.ctl("restart", "--all", "--in-place", "--max-unavailable", "0")
     assert result.returncode == 2 and "--in-place needs --max-unavailable" in result.stderr
+
+
+def test_a_stream_in_flight_on_a_restarted_replica_is_finished_before_its_engine_stops(
+    cluster, api_key
+):
+    cluster.add_model("m", memory=GiB)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=3 * GiB)
+    cluster.start_router(api_key[1])
+    eventually(lambda: cluster.serves("m"), timeout=30, what="m to be served")
+    (old,) = cluster.admin("/v1/replicas")
+    # A slow stream: 20 chunks, 0.15 s apart.
+    requests.post(old["endpoint"] + "/_control", json={"chunks": 20, "delay_s": 0.15}, timeout=5)
+    chunks = []
+
+    def stream():
+        with requests.post(
+            f"{cluster.router_url}/v1/chat/completions",
+            json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {cluster.secret}"},
+            stream=True,
+            timeout=30,
+        ) as r:
+            chunks.extend(line for line in r.iter_lines() if line.startswith(b"data: "))
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    eventually(lambda: chunks, what="the stream to begin")
+    assert cluster.ctl("restart", old["id"]).returncode == 0
+    reader.join(timeout=60)
+    assert chunks[-1] == b"data: [DONE]"
+    assert len(chunks) == 21, chunks  # every chunk, then [DONE]: nothing was cut off
+    eventually(
+        lambda: old["id"] not in {r["id"] for r in cluster.admin("/v1/replicas")},
+        timeout=30,
+        what="the old replica to be gone",
+    )
+    log = cluster.agents["node-a"].log()
+    assert f"shard_draining shard={old['id']}" in log
+    assert log.index(f"shard_draining shard={old['id']}") < log.index(
+        f"shard_stopped shard={old['id']}"
+    )

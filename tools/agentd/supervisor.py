@@ -39,6 +39,10 @@ STATES = (STARTING, READY, DRAINING, STOPPED, FAILED)
 LOST = "not running after agent restart"
 
 STOP_GRACE_S = 10.0
+# Draining before a stop: how long routers get to apply the table without the engine,
+# and how often its /slots is asked whether it is still answering anything.
+DRAIN_SETTLE_S = 1.0
+DRAIN_POLL_S = 0.2
 START_TIMEOUT_S = 600.0  # as scheduler.start_timeout_s: a 70B model can take minutes to load
 PROBE_TIMEOUT_S = 1.0
 PROBE_EVERY_S = 0.2
@@ -322,10 +326,44 @@ class Supervisor:
     def _run_stop(self, shard: Shard) -> None:
         # A shard still fetching weights has no process yet; stopping=True keeps one from
         # being started, because _launch checks it under the same lock.
+        if shard.pid and shard.state == READY and shard.endpoint:
+            self._drain(shard)
         if shard.pid:
             wait = shard.proc.wait if shard.proc is not None else None
             process.terminate(shard.pid, shard.started, STOP_GRACE_S, wait)
         self._finish(shard, STOPPED, by_stop=True)
+
+    def _drain(self, shard: Shard) -> None:
+        """Let a ready engine finish the requests it is answering before it is stopped.
+
+        The scheduler took it out of the routing table when it asked for the stop, so
+        nothing new arrives once routers have the new table (DRAIN_SETTLE_S). Then wait
+        until the engine's /slots shows no slot busy, or drain_timeout_s. An engine
+        without /slots gets the settle time only."""
+        with self._lock:
+            shard.state = DRAINING
+        _log.info("shard_draining", shard=shard.id, model=shard.model)
+        self._report(shard)
+        deadline = time.monotonic() + max(0.0, self.cfg.drain_timeout_s)
+        time.sleep(min(DRAIN_SETTLE_S, max(0.0, deadline - time.monotonic())))
+        try:
+            key = self._path(shard.id, ".key").read_text().strip()
+        except OSError:
+            key = ""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        while time.monotonic() < deadline:
+            try:
+                r = requests.get(shard.endpoint + "/slots", headers=headers, timeout=2)
+                slots = r.json() if r.status_code == 200 else None
+            except (requests.RequestException, ValueError):
+                slots = None
+            if not isinstance(slots, list):
+                return  # it cannot say: the settle time is all it gets
+            busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+            if not busy:
+                return
+            time.sleep(DRAIN_POLL_S)
+        _log.warning("drain_timed_out", shard=shard.id, after_s=self.cfg.drain_timeout_s)
 
     # -- adoption --------------------------------------------------------------------------
 

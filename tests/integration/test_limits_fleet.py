@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.helpers import llmgw, start_router
+from tests.helpers import eventually, llmgw, start_router
 from tests.integration.conftest import CHAT, ENGINE_KEY, Client, ctl
 
 # The lease thread holds at most a tenth of a limit unused (leases.CAP_SHARE).
@@ -15,7 +15,8 @@ CAP_SHARE = 10
 
 
 def reservation(body: dict) -> int:
-    return len(json.dumps(body)) // 4 + 1 + body["max_tokens"]
+    """What a request reserves from a token budget: the body's bytes + max_tokens."""
+    return len(json.dumps(body)) + body["max_tokens"]
 
 
 @pytest.fixture
@@ -100,6 +101,11 @@ def test_two_routers_never_overspend_a_budget_taken_all_at_once(two_routers, eng
     assert statuses.count(429) == 40 - admitted
     (row,) = ctl("budgets", "list")
     assert row["used"]["tokens"] <= budget
+    used = eventually(
+        lambda: [r for r in ctl("usage", "--by", "org") if r["requests"] == 40],
+        what="all 40 usage rows, refused ones too",
+    )
+    assert used[0]["prompt_tokens"] + used[0]["completion_tokens"] <= budget
 
 
 def test_two_routers_hold_no_more_concurrent_requests_than_the_limit(two_routers, engine):

@@ -15,9 +15,15 @@ USED = 12
 
 
 def reservation(body: dict) -> int:
-    """What the router reserves from a token limit: a quarter of the body's bytes,
-    plus one, plus max_tokens."""
+    """What the router reserves from a tpm limit: a quarter of the body's bytes, plus
+    one (the prompt's estimate), plus max_tokens."""
     return len(json.dumps(body)) // 4 + 1 + body["max_tokens"]
+
+
+def budget_reservation(body: dict) -> int:
+    """... and from a token budget, which must not be overspent: the body's bytes (no
+    prompt has more tokens than that), plus max_tokens."""
+    return len(json.dumps(body)) + body["max_tokens"]
 
 
 @pytest.fixture
@@ -106,7 +112,7 @@ def test_a_spent_token_budget_answers_insufficient_quota_and_says_not_to_retry(
     acme, limited_router
 ):
     llmgw("budgets", "set", "--project", "bot", "--period", "day", "--tokens",
-          str(reservation(CHAT) + USED - 1), "--store")  # fmt: skip
+          str(budget_reservation(CHAT) + USED - 1), "--store")  # fmt: skip
     client = limited_router(acme["secret"])
     assert client.chat().status_code == 200
     spent = client.chat()
@@ -132,7 +138,7 @@ output_per_mtok = 2000.0
 def test_a_cost_budget_counts_at_the_models_prices_and_usage_rows_carry_the_cost(
     acme, limited_router
 ):
-    reserved = (reservation(CHAT) - CHAT["max_tokens"]) * 1000 + CHAT["max_tokens"] * 2000
+    reserved = len(json.dumps(CHAT)) * 1000 + CHAT["max_tokens"] * 2000
     used = 7 * 1000 + 5 * 2000  # millionths: 0.017 a request
     llmgw("budgets", "set", "--org", "acme", "--period", "month", "--cost",
           str((reserved + used - 1) / 1e6), "--store")  # fmt: skip
@@ -150,7 +156,7 @@ def test_many_concurrent_requests_on_the_last_of_a_budget_cannot_all_take_it(
 ):
     fits = 4
     llmgw("budgets", "set", "--user", "ada", "--period", "day", "--tokens",
-          str(fits * reservation(CHAT)), "--store")  # fmt: skip
+          str(fits * budget_reservation(CHAT)), "--store")  # fmt: skip
     client = limited_router(acme["secret"])
     engine.control(first_delay_s=2.0)  # all of them are in flight at once
     statuses = []
@@ -165,7 +171,7 @@ def test_many_concurrent_requests_on_the_last_of_a_budget_cannot_all_take_it(
         t.join()
     assert sorted(statuses) == [200] * fits + [429] * (24 - fits)
     (budget,) = ctl("budgets", "list")
-    assert budget["used"]["tokens"] <= fits * reservation(CHAT)
+    assert budget["used"]["tokens"] <= fits * budget_reservation(CHAT)
 
 
 def test_every_answer_to_a_limited_key_carries_the_rate_limit_headers(acme, limited_router):

@@ -51,13 +51,16 @@ class Quota:
         self.default_max_tokens = default_max_tokens
 
     def ask(self, policy: Policy, body_len: int, max_tokens: int, prices) -> Ask:
-        """The amounts to reserve: 1 request, prompt estimate + max_tokens, their price."""
+        """The amounts to reserve: 1 request (rpm, concurrent); the prompt's estimate
+        plus max_tokens (tpm); and for budgets, which must never be overspent, the
+        prompt's upper bound (a token is at least a byte of the body) plus max_tokens,
+        or its price."""
         prompt = estimate_prompt_tokens(body_len)
         takes = [(c, 1) for c in policy.ones]
-        if policy.tokens:
-            takes += [(c, prompt + max_tokens) for c in policy.tokens]
+        for c in policy.tokens:
+            takes.append((c, (prompt if c.kind == "tpm" else body_len) + max_tokens))
         if policy.costs:
-            units = cost_units(prompt, max_tokens, *prices) if prices else 0
+            units = cost_units(body_len, max_tokens, *prices) if prices else 0
             takes += [(c, units) for c in policy.costs]
         return Ask(prompt, max_tokens, takes)
 

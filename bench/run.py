@@ -39,7 +39,7 @@ STREAM_N, STREAM_S = 1000, 8  # concurrency 1
 WRK_S, WRK_C = 5, 8
 PROFILE_S = 8
 
-BAR = {"cpu_req": 200, "cpu_stream": 500, "add_p50_ms": 0.4}
+BAR = {"cpu_req": 200, "cpu_stream": 500, "add_p50_ms": 0.4, "limits_growth": 0.20}
 
 
 @dataclass
@@ -288,6 +288,15 @@ def bar_check(results: list[Measured]) -> list[str]:
     for what, value, limit, unit, spec in checks:
         verdict = "n/a" if value is None else ("meets" if value <= limit else "MISSES")
         out.append(f"{what}: {fmt(value, spec)} {unit} (bar ≤{limit} {unit}): {verdict}")
+    limited = next((m for m in results if m.name == "llmgw+limits" and not m.skipped), None)
+    if limited is not None and router.cpu_req_us and limited.cpu_req_us:
+        grew = limited.cpu_req_us / router.cpu_req_us - 1
+        verdict = "meets" if grew <= BAR["limits_growth"] else "MISSES"
+        out.append(
+            f"CPU per request with limits, budgets and bands on the key: "
+            f"{limited.cpu_req_us:.0f} µs against {router.cpu_req_us:.0f} µs without, "
+            f"{grew:+.0%} (bar ≤+{BAR['limits_growth']:.0%}): {verdict}"
+        )
     return out
 
 
@@ -330,7 +339,11 @@ usage chunk and `[DONE]`), one target at a time, and every figure is compared
 with the direct baseline of the same run. `direct` is the engine itself; `nginx` a
 plain reverse proxy (1 worker, upstream keep-alive, `proxy_buffering off`); `litellm`
 LiteLLM's proxy with the engine as an `openai/` model; `llmgw` llmgw-router with API
-keys, usage recording into a SQLite store and Prometheus metrics on.
+keys, usage recording into a SQLite store and Prometheus metrics on; `llmgw+limits`
+the same router with the bench key in an org, team and project, limits (rpm, tpm,
+concurrent) on the key, user, project, team and org, a token and a cost budget, model
+prices, a band and slots per replica, all far above what the run uses, so every
+request is reserved, settled and admitted through them.
 
 - req/s: `wrk -t1 -c{WRK_C} -d{WRK_S}s`, non-streaming chat completions.
 - p50/p99 at c=1: up to {LATENCY_N} sequential requests (≤{LATENCY_S} s) on one keep-alive
@@ -440,7 +453,8 @@ def main() -> int:
         stack.callback(engine.stop)
         engine.start()
         bench = Bench(runner, load_cpu)
-        kinds = [targets.Target, *(targets.PEERS[p] for p in args.peers), targets.Router]
+        kinds = [targets.Target, *(targets.PEERS[p] for p in args.peers), targets.Router,
+                 targets.LimitedRouter]  # fmt: skip
         for kind in kinds:
             target = kind(engine, proxy_cpu)
             print(f"bench: {target.label}", flush=True)

@@ -394,23 +394,31 @@ class Router(Target):
         self.port = free_port()
         (work / "engine.key").write_text("bench-engine-key\n")
         config = work / "llmgw.toml"
-        config.write_text(ROUTER_CONF.format(port=self.port, engine=self.engine.url, model=MODEL))
+        config.write_text(
+            ROUTER_CONF.format(port=self.port, engine=self.engine.url, model=MODEL) + self.extra
+        )
         env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{self.db}")
-        out = subprocess.run(
-            [str(VENV_BIN / "llmgw"), "keys", "create", "--name", "bench", "--json"],
-            capture_output=True, text=True, env=env,
-        )  # fmt: skip
-        if out.returncode != 0:
-            raise Skip(f"llmgw keys create failed: {out.stderr.strip()[-500:]}")
-        import json
-
-        self.api_key = json.loads(out.stdout)["secret"]
+        self.api_key = self.make_key(env)
         out = subprocess.run([str(VENV_BIN / "llmgw-router"), "--version"], capture_output=True,
                              text=True, env=env)  # fmt: skip
         self.version = out.stdout.strip().split()[-1] if out.stdout.strip() else ""
         self.proc = spawn([str(VENV_BIN / "llmgw-router"), "--config", str(config)],
                           self.log, self.cpu, env=env)  # fmt: skip
         wait_ready(f"http://127.0.0.1:{self.port}/health", self.proc, self.log, 30, "llmgw-router")
+
+    extra = ""  # more config after ROUTER_CONF
+
+    def llmgw(self, env: dict, *args: str) -> str:
+        out = subprocess.run([str(VENV_BIN / "llmgw"), *args, "--store"], capture_output=True,
+                             text=True, env=env)  # fmt: skip
+        if out.returncode != 0:
+            raise Skip(f"llmgw {' '.join(args[:2])} failed: {out.stderr.strip()[-500:]}")
+        return out.stdout
+
+    def make_key(self, env: dict) -> str:
+        import json
+
+        return json.loads(self.llmgw(env, "keys", "create", "--name", "bench", "--json"))["secret"]
 
     def finish(self) -> None:
         """Note how many usage rows the router wrote (it flushes at least every second)."""
@@ -439,5 +447,45 @@ url = "{engine}"
 models = ["{model}"]
 key = "@engine.key"
 """
+
+
+class LimitedRouter(Router):
+    """The same router, with everything issue #5 checks on every request configured on
+    the bench key: tenancy, limits and budgets at every level (far above what the run
+    uses), model prices, a band, and slots per replica so saturation is judged."""
+
+    name = "llmgw+limits"
+    label = "llmgw-router with tenancy, limits, budgets and bands on the key"
+    extra = """
+[[models]]
+name = "bench"
+source = "/nonexistent/bench.gguf"
+[models.profile]
+parallel = 64
+[models.pricing]
+input_per_mtok = 0.1
+output_per_mtok = 0.4
+"""
+
+    def make_key(self, env: dict) -> str:
+        import json
+
+        run = lambda *a: self.llmgw(env, *a)  # noqa: E731
+        run("orgs", "create", "bench-org")
+        run("teams", "create", "bench-team", "--org", "bench-org")
+        run("users", "create", "bench-user", "--team", "bench-team")
+        run("projects", "create", "bench-project", "--team", "bench-team", "--band", "gold")
+        key = json.loads(run("keys", "create", "--name", "bench", "--user", "bench-user",
+                             "--project", "bench-project", "--band", "gold", "--json"))  # fmt: skip
+        big = str(10**12)
+        run("limits", "set", "--key", key["id"], "--rpm", big, "--tpm", big, "--concurrent",
+            "1000")  # fmt: skip
+        for scope, name in (("user", "bench-user"), ("project", "bench-project"),
+                            ("team", "bench-team"), ("org", "bench-org")):  # fmt: skip
+            run("limits", "set", f"--{scope}", name, "--rpm", big, "--tpm", big)
+        run("budgets", "set", "--project", "bench-project", "--period", "day", "--tokens", big)
+        run("budgets", "set", "--org", "bench-org", "--period", "month", "--cost", "1000000")
+        return key["secret"]
+
 
 PEERS = {"nginx": Nginx, "litellm": LiteLLM}

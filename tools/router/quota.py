@@ -33,6 +33,10 @@ _WHAT = {
 }
 
 
+_REQUESTS = tuple(f"x-ratelimit-{w}-requests" for w in ("limit", "remaining", "reset"))
+_TOKENS = tuple(f"x-ratelimit-{w}-tokens" for w in ("limit", "remaining", "reset"))
+
+
 class Ask:
     """What one request asks of its limits: the reservation's amounts."""
 
@@ -98,13 +102,17 @@ class Quota:
         tpm limits that apply (none when none do)."""
         out = {}
         now = time.time()
-        for unit, counters in (("requests", policy.rpm), ("tokens", policy.tpm)):
+        for names, counters in ((_REQUESTS, policy.rpm), (_TOKENS, policy.tpm)):
             if not counters:
                 continue
-            c = min(counters, key=lambda c: c.remaining())
-            out[f"x-ratelimit-limit-{unit}"] = str(c.limit)
-            out[f"x-ratelimit-remaining-{unit}"] = str(c.remaining())
-            out[f"x-ratelimit-reset-{unit}"] = f"{math.ceil(c.reset_in(now))}s"
+            best, left = None, 0
+            for c in counters:
+                rem = c.limit - c.fleet + c.local
+                if best is None or rem < left:
+                    best, left = c, rem
+            out[names[0]] = str(best.limit)
+            out[names[1]] = str(left if left > 0 else 0)
+            out[names[2]] = f"{math.ceil(best.ends - now) if best.ends > now else 0}s"
         return out
 
     @staticmethod

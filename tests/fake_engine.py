@@ -3,7 +3,8 @@
 Run it as `python tests/fake_engine.py --port N [--key K | --key-file PATH]`. It answers
 chat, completions and embeddings, streams SSE the way llama-server does, and can be told
 how to misbehave with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S,
-"first_delay_s": S}`:
+"first_delay_s": S, "n_slots": N, "extra_busy": N}` (`GET /slots` shows `n_slots` slots,
+64 unless told, busy with its own requests and `extra_busy` more):
 
     ok      answer normally
     fail    answer 500 with an error body
@@ -35,6 +36,10 @@ class Engine:
         self.delay_s = 0.0
         self.first_delay_s = 0.0
         self.drop_after = 2
+        # GET /slots, as llama-server's: this many slots, the first ones busy with its
+        # own requests and `extra_busy` more (as if another router's).
+        self.n_slots = 64
+        self.extra_busy = 0
         self.released = asyncio.Event()
         self.requests = 0
         self.cancelled = 0
@@ -58,7 +63,8 @@ class Engine:
 
     async def control(self, request):
         body = await request.json()
-        for field in ("mode", "chunks", "delay_s", "first_delay_s", "drop_after"):
+        for field in ("mode", "chunks", "delay_s", "first_delay_s", "drop_after", "n_slots",
+                      "extra_busy"):  # fmt: skip
             if field in body:
                 setattr(self, field, body[field])
         if body.get("release"):
@@ -83,7 +89,9 @@ class Engine:
         denied = self._check(request)
         if denied:
             return denied
-        return web.json_response([{"id": 0, "is_processing": self.active > 0}])
+        busy = self.active + self.extra_busy
+        return web.json_response([{"id": i, "is_processing": i < busy}
+                                  for i in range(self.n_slots)])  # fmt: skip
 
     def _check(self, request):
         if self.key and request.headers.get("Authorization") != f"Bearer {self.key}":

@@ -85,6 +85,9 @@ class RouterConfig:
     # Requests one replica serves at once, for models the router does not know from the
     # catalog ([[models]] profile.parallel); 0: never judge those saturated.
     slots_per_replica: int = 0
+    # How often engines are asked how busy they are (llama-server's /slots, vLLM's
+    # /metrics), so slots busy with other routers' requests count; 0: never.
+    engine_probe_s: float = 1.0
     # How often tenancy, limits, budgets and the catalog's prices are re-read.
     limits_refresh_s: float = 2.0
     # How long a request may wait for the background thread to lease more allowance

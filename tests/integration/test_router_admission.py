@@ -161,3 +161,17 @@ def test_a_model_whose_engine_fails_falls_back_before_the_first_byte(
     finally:
         broken.stop()
     assert "llmgw_router_fallbacks_total" in client.metrics()
+
+
+def test_slots_busy_with_another_routers_requests_count_as_saturation(limited_router, engine):
+    # No slots in the config: the engine's own /slots says 1, and that it is busy.
+    engine.control(n_slots=1, extra_busy=1)
+    secret = key("gold")
+    client = limited_router(secret, extra="queue_deadline_s = 0.5\nengine_probe_s = 0.1\n")
+    error = eventually(
+        lambda: (r := client.chat()).status_code == 503 and r.json()["error"],
+        what="the probe to see /slots",
+    )
+    assert error["code"] == "model_saturated"
+    engine.control(extra_busy=0)  # the other router's request is done
+    eventually(lambda: client.chat().status_code == 200, what="the slot to be seen free")

@@ -6,6 +6,8 @@ import pytest
 
 from llmgw_router.admission import Admission
 from llmgw_router.limits import Limiter, Reservation, Shortfall, cost_units
+from llmgw_router.probe import Signal, capacity, parse_slots, parse_vllm
+from llmgw_router.routing import Endpoint
 
 T0 = 1_800_000_000.0  # a minute boundary: 30_000_000 * 60
 
@@ -213,3 +215,44 @@ def test_capacity_that_grows_admits_the_queue_when_pumped(cap):
         assert await waiter
 
     run(main())
+
+
+# -- the engines' own signal ----------------------------------------------------------
+
+
+def ep(outstanding=0, signal=None, cooldown=0.0):
+    e = Endpoint("e", "http://127.0.0.1:1", ("m",))
+    e.outstanding, e.signal, e.cooldown_until = outstanding, signal, cooldown
+    return e
+
+
+def test_llama_servers_slots_and_vllms_queue_are_read():
+    assert parse_slots([{"id": 0, "is_processing": True}, {"id": 1, "is_processing": False}]) == (
+        2,
+        1,
+    )
+    assert parse_slots([{"id": 0, "state": 1}, {"id": 1, "state": 0}]) == (2, 1)  # older
+    assert parse_slots({"error": "not supported"}) is None
+    metrics = (
+        '# HELP vllm:num_requests_waiting ...\nvllm:num_requests_running{model_name="m"} 4.0\n'
+        'vllm:num_requests_waiting{model_name="m"} 2.0\n'
+    )
+    assert parse_vllm(metrics) == (4, 2)
+    assert parse_vllm("process_cpu_seconds_total 3.0\n") is None
+
+
+def test_capacity_counts_slots_busy_with_other_routers_and_an_engine_that_queues_as_full():
+    now = 1000.0
+    # The catalog says 4 slots; nothing from the engine: 4.
+    assert capacity([ep()], 4, 0.0, now) == 4
+    # The engine says 2 slots, both busy, one of them ours: one is someone else's.
+    assert capacity([ep(1, Signal(2, 2, 0, now))], 4, 0.0, now) == 1
+    # vLLM queues requests itself: no more than we already have there.
+    assert capacity([ep(3, Signal(0, 8, 1, now))], 4, 0.0, now) == 3
+    # An old signal is ignored; an endpoint in cooldown counts for nothing.
+    assert capacity([ep(0, Signal(2, 2, 0, now - 60))], 4, 0.0, now) == 4
+    assert capacity([ep(cooldown=5.0), ep()], 4, 1.0, now) == 4
+    assert capacity([ep(cooldown=5.0)], 4, 1.0, now) is None, "503 at once, not a queue"
+    # Unknown slots and no word from the engine: never saturated.
+    assert capacity([ep()], 0, 0.0, now) is None
+    assert capacity([ep(0, Signal(3, 0, 0, now))], 0, 0.0, now) == 3

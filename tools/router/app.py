@@ -7,7 +7,7 @@ import prometheus_client
 from aiohttp import web
 
 from llmgw import log
-from llmgw_router import metrics
+from llmgw_router import metrics, probe
 from llmgw_router.admission import Admission
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
@@ -50,6 +50,7 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
     )
     quota = Quota(limiter, leaser, rc.lease_wait_s, rc.default_max_tokens)
     admission = Admission(policies.bands, lambda model: capacity(table, policies, model, rc))
+    prober = probe.Probe(table, rc.engine_probe_s)
     # aiohttp's own limit answers with plain text; ours answers in OpenAI's shape, so let
     # bodies through aiohttp up to one byte past the limit and judge them in the proxy.
     app = web.Application(client_max_size=rc.max_body_bytes + 1)
@@ -66,6 +67,10 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
         def pump():
             admission.pump_all()
             app["pump"] = loop.call_later(_PUMP_S, pump)
+
+        # The engines' word on their load may free slots: look at the queues again.
+        prober.on_change = lambda: loop.call_soon_threadsafe(admission.pump_all)
+        prober.start()
 
         app["pump"] = loop.call_later(_PUMP_S, pump)
         pool = Pool(connect_timeout=rc.connect_timeout_s, total_timeout=rc.upstream_timeout_s)
@@ -100,6 +105,7 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
 
     async def on_cleanup(app):
         app["pump"].cancel()
+        prober.stop()
         if feed is not None:
             feed.stop()
         app["pool"].close()
@@ -135,14 +141,10 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
 
 
 def capacity(table: RoutingTable, policies: Policies, model: str, rc) -> int | None:
-    """Requests `model` can take at once: its endpoints not cooling down, times the
-    slots each has (None: unknown, so never saturated)."""
+    """Requests `model` can take at once (None: unknown, so never saturated)."""
     info = policies.model(model)
     slots = info.parallel if info is not None else rc.slots_per_replica
-    if slots <= 0:
-        return None
-    now = time.monotonic()
-    return slots * sum(1 for ep in table.endpoints_of(model) if ep.cooldown_until <= now)
+    return probe.capacity(table.endpoints_of(model), slots, time.monotonic(), time.time())
 
 
 async def health(request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ class Endpoint:
     cooldown_until: float = 0.0
     last_used: float = 0.0  # time.monotonic() when its last request ended; 0: never
     head: bytes = field(default=b"", repr=False)  # header lines sent on every request
+    signal: object = field(default=None, repr=False)  # the engine's own load (probe.py)
 
     def __post_init__(self):
         self.url = self.url.rstrip("/")
@@ -63,6 +64,7 @@ class RoutingTable:
             old = self._by_id.get(ep.id)
             if old is not None and old.url == ep.url:
                 ep.outstanding, ep.cooldown_until = old.outstanding, old.cooldown_until
+                ep.signal = old.signal
             by_id[ep.id] = ep
         by_model: dict[str, list[Endpoint]] = {}
         for ep in by_id.values():

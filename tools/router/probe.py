@@ -1,0 +1,157 @@
+"""The engines' own word on how busy they are, read off the request path.
+
+A background thread asks every endpoint each `router.engine_probe_s`: llama-server's
+`GET /slots` (its slots, and which are processing), else vLLM's `GET /metrics`
+(`vllm:num_requests_waiting`). Admission then counts slots busy with other routers'
+requests, and treats an engine that queues requests itself as full. An engine that
+answers neither is asked again only every `RETRY_S`; a probe older than `STALE_S` is
+ignored, so a dead probe never blocks admission.
+"""
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from llmgw import log
+from llmgw_router.routing import Endpoint, RoutingTable
+
+_log = log.get("llmgw.router.probe")
+
+RETRY_S = 60.0
+STALE_S = 5.0
+TIMEOUT_S = 1.0
+
+
+class Signal:
+    """What an engine last said: its slots and how many are busy, or how many requests
+    it has waiting (vLLM), and when."""
+
+    __slots__ = ("slots", "busy", "waiting", "at")
+
+    def __init__(self, slots: int = 0, busy: int = 0, waiting: int = 0, at: float = 0.0):
+        self.slots, self.busy, self.waiting, self.at = slots, busy, waiting, at
+
+
+def parse_slots(data) -> tuple[int, int] | None:
+    """(slots, busy) from llama-server's /slots (newer: is_processing; older: state 1)."""
+    if not isinstance(data, list) or not data:
+        return None
+    busy = 0
+    for slot in data:
+        if not isinstance(slot, dict):
+            return None
+        if slot.get("is_processing") is True or slot.get("state") == 1:
+            busy += 1
+    return len(data), busy
+
+
+def parse_vllm(text: str) -> tuple[int, int] | None:
+    """(running, waiting) from vLLM's Prometheus metrics, None if it is not vLLM."""
+    running = waiting = None
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_waiting"):
+            waiting = (waiting or 0) + int(float(line.rsplit(" ", 1)[-1]))
+        elif line.startswith("vllm:num_requests_running"):
+            running = (running or 0) + int(float(line.rsplit(" ", 1)[-1]))
+    if waiting is None:
+        return None
+    return running or 0, waiting
+
+
+def capacity(eps: list[Endpoint], slots: int, mono: float, wall: float) -> int | None:
+    """Requests this router may have in flight on a model served by `eps`, each with
+    `slots` (0: unknown), skipping endpoints in cooldown: the engine's own slot count
+    less slots busy with other routers' requests, where it gives one; only what is
+    already in flight on an engine that queues requests itself. None: unbounded, or
+    every endpoint is cooling down (queueing will not help: the request is told when to
+    come back at once)."""
+    total, counted = 0, False
+    for ep in eps:
+        if ep.cooldown_until > mono:
+            continue
+        counted = True
+        sig = ep.signal
+        if sig is not None and wall - sig.at <= STALE_S:
+            if sig.waiting > 0:
+                total += ep.outstanding
+                continue
+            if sig.slots:
+                foreign = sig.busy - ep.outstanding
+                total += sig.slots - foreign if foreign > 0 else sig.slots
+                continue
+        if slots <= 0:
+            return None  # nothing says how much it takes: never saturated
+        total += slots
+    return total if counted else None
+
+
+class Probe:
+    def __init__(self, table: RoutingTable, interval_s: float, on_change=None, clock=time.time):
+        self.table = table
+        self.interval_s = interval_s
+        self.on_change = on_change or (lambda: None)  # called (from the thread) after a pass
+        self.clock = clock
+        self._kind: dict[str, tuple[str, float]] = {}  # endpoint id -> (slots|vllm|none, since)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _get(self, ep: Endpoint, path: str) -> tuple[int, bytes]:
+        headers = {"Authorization": f"Bearer {ep.key}"} if ep.key else {}
+        req = urllib.request.Request(ep.url + path, headers=headers)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(req, timeout=TIMEOUT_S) as r:
+                return r.status, r.read(1 << 20)
+        except urllib.error.HTTPError as e:
+            return e.code, b""
+
+    def probe(self, ep: Endpoint, now: float) -> None:
+        kind, since = self._kind.get(ep.id, ("", 0.0))
+        if kind == "none" and now - since < RETRY_S:
+            return
+        try:
+            if kind in ("", "slots", "none"):
+                status, body = self._get(ep, "/slots")
+                parsed = parse_slots(json.loads(body)) if status == 200 else None
+                if parsed is not None:
+                    ep.signal = Signal(parsed[0], parsed[1], 0, now)
+                    self._kind[ep.id] = ("slots", now)
+                    return
+            status, body = self._get(ep, "/metrics")
+            parsed = parse_vllm(body.decode(errors="replace")) if status == 200 else None
+            if parsed is not None:
+                ep.signal = Signal(0, parsed[0], parsed[1], now)
+                self._kind[ep.id] = ("vllm", now)
+                return
+        except (OSError, ValueError):
+            pass  # down or not answering: routing's own cooldowns deal with that
+        ep.signal = None
+        if kind != "none":
+            _log.info("engine_signal_unavailable", endpoint=ep.id, action="slots from config")
+        self._kind[ep.id] = ("none", now)
+
+    def tick(self) -> None:
+        now = self.clock()
+        for ep in self.table.endpoints():
+            self.probe(ep, now)
+        self.on_change()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.tick()
+            except Exception as e:  # never let the probe take the router down
+                _log.error("engine_probe_failed", reason=str(e)[:200])
+
+    def start(self) -> None:
+        if self.interval_s <= 0:
+            return
+        self._thread = threading.Thread(target=self._run, name="probe", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)

@@ -1,5 +1,6 @@
 """Admission by band on a saturated model, and fallbacks, through a real router."""
 
+import json
 import os
 import threading
 import time
@@ -175,3 +176,37 @@ def test_slots_busy_with_another_routers_requests_count_as_saturation(limited_ro
     assert error["code"] == "model_saturated"
     engine.control(extra_busy=0)  # the other router's request is done
     eventually(lambda: client.chat().status_code == 200, what="the slot to be seen free")
+
+
+DEARER = """
+[[models]]
+name = "cheap"
+source = "/models/cheap.gguf"
+fallbacks = ["dear"]
+[models.pricing]
+input_per_mtok = 1.0
+output_per_mtok = 1.0
+[[models]]
+name = "dear"
+source = "/models/dear.gguf"
+[models.pricing]
+input_per_mtok = 1000.0
+output_per_mtok = 1000.0
+"""
+
+
+def test_a_dearer_fallback_is_tried_only_if_the_cost_budget_covers_its_prices(
+    limited_router, engine
+):
+    made = ctl("keys", "create", "--name", "k")
+    body = {**CHAT, "model": "cheap"}
+    cheap = len(json.dumps(body)) + body["max_tokens"]  # millionths at 1 per million
+    ctl("budgets", "set", "--key", made["id"], "--period", "day", "--cost", str(100 * cheap / 1e6))
+    client = limited_router(made["secret"], extra=DEARER, models=("dear",))
+    resp = client.chat(body)
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "model_not_ready"
+    assert engine.stats()["requests"] == 0
+    ctl("budgets", "set", "--key", made["id"], "--period", "day", "--cost", str(2000 * cheap / 1e6))
+    resp = eventually(lambda: (r := client.chat(body)).status_code == 200 and r.headers,
+                      what="the budget to cover the dearer model")  # fmt: skip
+    assert resp["x-llmgw-served-model"] == "dear"

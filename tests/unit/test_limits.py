@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from llmgw_router.admission import Admission
-from llmgw_router.limits import Limiter, Reservation, Shortfall, cost_units
+from llmgw_router.limits import COST_KINDS, Limiter, Reservation, Shortfall, cost_units
 from llmgw_router.probe import Signal, capacity, parse_slots, parse_vllm
 from llmgw_router.routing import Endpoint
 
@@ -256,3 +256,17 @@ def test_capacity_counts_slots_busy_with_other_routers_and_an_engine_that_queues
     # Unknown slots and no word from the engine: never saturated.
     assert capacity([ep()], 0, 0.0, now) is None
     assert capacity([ep(0, Signal(3, 0, 0, now))], 0, 0.0, now) == 3
+
+
+def test_a_reservation_is_topped_up_for_a_dearer_fallback_only_if_it_fits():
+    lim = Limiter()
+    cost = lim.counter("cost/month", "org", "acme", 1000)
+    rpm = lim.counter("rpm", "org", "acme", 10)
+    lease(lim, cost, 300)
+    lease(lim, rpm, 5)
+    r = lim.reserve([(rpm, 1), (cost, 100)], T0)
+    assert lim.top_up(r, COST_KINDS, 150, T0)
+    assert cost.local == 50 and rpm.local == 4
+    assert not lim.top_up(r, COST_KINDS, 51, T0), "only what this router holds"
+    lim.settle(r, tokens=0, cost_units=200, now=T0)
+    assert cost.local == 100  # 250 reserved, 200 spent

@@ -169,6 +169,24 @@ class Limiter:
                 elif actual > amount:
                     c.local -= actual - amount  # overspent a window that has ended
 
+    def top_up(self, r: Reservation, kinds: frozenset, amount: int, now: float) -> bool:
+        """Reserve `amount` more from the counters of `kinds` a reservation holds (a
+        fallback with higher prices), from what this router holds now, or nothing."""
+        if amount <= 0:
+            return True
+        with self.lock:
+            takes = [i for i, (c, _, window) in enumerate(r.takes) if c.kind in kinds]
+            for i in takes:
+                c, _, window = r.takes[i]
+                c.roll(now)
+                if c.window != window or c.local < amount:
+                    return False
+            for i in takes:
+                c, held, window = r.takes[i]
+                c.local -= amount
+                r.takes[i] = (c, held + amount, window)
+            return True
+
     def add_waiter(self, c: Counter, fut, amount: int) -> None:
         with self.lock:
             c.waiters.append(fut)

@@ -187,19 +187,20 @@ class Proxy:
                     body = None
             info = self.policies.model(model)
             prices = (info.input_per_mtok, info.output_per_mtok) if info else None
-            ask = self.quota.ask(policy, len(body) if body else len(json.dumps(payload)),
-                                 max_tokens, prices)  # fmt: skip
+            body_len = len(body) if body else len(json.dumps(payload))
+            ask = self.quota.ask(policy, body_len, max_tokens, prices)
             got = await self.quota.reserve(ask)
             ticket.headers = self.quota.headers(policy)
             if not isinstance(got, Reservation):
                 return self.reject(self.quota.refusal(got, rid, ticket.headers), ticket, model)
-            reservation = got
+            reservation = ticket.reservation = got
+            ticket.grade = (ask, body_len, prices)
         if body is None:
             body = json.dumps(payload).encode()
 
         try:
             return await self.answer(request, route, ticket, policy, key, payload, body, stream,
-                                     client_usage)  # fmt: skip
+                                     client_usage, reservation)  # fmt: skip
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: aiohttp cancels the handler (or a write fails). Leaving
             # here closes the upstream response, so the engine frees its slot.
@@ -218,7 +219,7 @@ class Proxy:
         return [model, *(f for f in info.fallbacks if key.allows(f) and f != model)]
 
     async def answer(self, request, route, ticket, policy, key, payload, body, stream,
-                     client_usage):  # fmt: skip
+                     client_usage, reservation=None):  # fmt: skip
         """Try the model, then each fallback, until one answers; the response."""
         names = self.candidates(ticket.model, key)
         band = policy.band if policy is not None else 0
@@ -244,6 +245,9 @@ class Proxy:
                         self.feed.want(name)  # for later requests; this one goes on
                     self._fell_back(ticket.model, names, i, "unservable")
                     continue
+            if not first and reservation is not None and not await self._regrade(ticket, name):
+                self._fell_back(ticket.model, names, i, "budget")
+                continue
             if self.admission is not None:
                 if deadline is None:
                     deadline = time.monotonic() + self.queue_deadline_s
@@ -280,6 +284,17 @@ class Proxy:
         for k, v in ticket.headers.items():
             err.headers[k] = v
         return err
+
+    async def _regrade(self, ticket: "Ticket", name: str) -> bool:
+        """A fallback at higher prices must fit the cost budgets too."""
+        ask, body_len, prices = ticket.grade
+        info = self.policies.model(name)
+        new = (info.input_per_mtok, info.output_per_mtok) if info else None
+        covered = await self.quota.regrade(ticket.reservation, ask, body_len, prices, new)
+        if covered is None and new is not None:
+            return False
+        ticket.grade = (ask, body_len, covered)
+        return True
 
     def _fell_back(self, model: str, names: list, i: int, reason: str) -> None:
         if i + 1 < len(names):
@@ -495,7 +510,8 @@ class Proxy:
 class Ticket:
     """One client request, across the models tried for it: what its usage row needs."""
 
-    __slots__ = ("rid", "key_id", "who", "t0", "model", "status", "call", "headers")
+    __slots__ = ("rid", "key_id", "who", "t0", "model", "status", "call", "headers",
+                 "reservation", "grade")  # fmt: skip
 
     def __init__(self, rid: str, key_id: str, who, t0: float):
         self.rid, self.key_id, self.who, self.t0 = rid, key_id, who, t0
@@ -503,6 +519,8 @@ class Ticket:
         self.status = CLIENT_CLOSED  # until we know better
         self.call: Call | None = None  # the last model tried
         self.headers: dict = {}
+        self.reservation = None
+        self.grade = None  # (ask, body length, prices) the reservation was made at
 
     def fail(self, resp: web.Response) -> web.Response:
         self.status = resp.status

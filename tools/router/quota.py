@@ -14,6 +14,7 @@ from llmgw_router.errors import api_error
 from llmgw_router.leases import Leaser
 from llmgw_router.limits import (
     BUDGET_KINDS,
+    COST_KINDS,
     Limiter,
     Reservation,
     Shortfall,
@@ -89,6 +90,36 @@ class Quota:
             r = lim.reserve(ask.takes, time.time())
             if isinstance(r, Reservation) or not r.wait or loop.time() >= deadline:
                 return r
+
+    async def regrade(self, r: Reservation, ask: Ask, body_len: int, old, new):
+        """Before a fallback answers at other prices: reserve what more its prices cost
+        from cost budgets (waiting for a lease as `reserve` does). The prices the
+        reservation now covers, or None if it does not fit (the fallback is skipped)."""
+        costs = [c for c, *_ in r.takes if c.kind in COST_KINDS]
+        if not new or new == old or not costs:
+            return old
+        before = cost_units(body_len, ask.completion, *old) if old else 0
+        extra = cost_units(body_len, ask.completion, *new) - before
+        if extra <= 0:
+            return old
+        lim, loop = self.limiter, asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        while not lim.top_up(r, COST_KINDS, extra, time.time()):
+            now = time.time()
+            short = [c for c in costs if c.local < extra]
+            if (self.leaser is None or loop.time() >= deadline
+                    or any(now < c.exhausted_until or extra > c.limit for c in short)):  # fmt: skip
+                return None
+            fut = loop.create_future()
+            for c in short:
+                lim.add_waiter(c, fut, c.local + extra if c.local > 0 else extra)
+            self.leaser.wake()
+            try:
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await fut
+            except TimeoutError:
+                return None
+        return new
 
     def settle(self, r: Reservation, prompt: int, completion: int, prices) -> int:
         """Correct the reservation to what was used; the request's cost units."""

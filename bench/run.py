@@ -288,14 +288,17 @@ def bar_check(results: list[Measured]) -> list[str]:
     for what, value, limit, unit, spec in checks:
         verdict = "n/a" if value is None else ("meets" if value <= limit else "MISSES")
         out.append(f"{what}: {fmt(value, spec)} {unit} (bar ≤{limit} {unit}): {verdict}")
-    limited = next((m for m in results if m.name == "llmgw+limits" and not m.skipped), None)
-    if limited is not None and router.cpu_req_us and limited.cpu_req_us:
+    for name, what in (("llmgw+limits", "limits, budgets and a band on the key"),
+                       ("llmgw+limits*5", "limits on every level as well")):  # fmt: skip
+        limited = next((m for m in results if m.name == name and not m.skipped), None)
+        if limited is None or not (router.cpu_req_us and limited.cpu_req_us):
+            continue
         grew = limited.cpu_req_us / router.cpu_req_us - 1
         verdict = "meets" if grew <= BAR["limits_growth"] else "MISSES"
         out.append(
-            f"CPU per request with limits, budgets and bands on the key: "
-            f"{limited.cpu_req_us:.0f} µs against {router.cpu_req_us:.0f} µs without, "
-            f"{grew:+.0%} (bar ≤+{BAR['limits_growth']:.0%}): {verdict}"
+            f"CPU per request with {what}: {limited.cpu_req_us:.0f} µs against "
+            f"{router.cpu_req_us:.0f} µs without, {grew:+.0%} "
+            f"(bar ≤+{BAR['limits_growth']:.0%}): {verdict}"
         )
     return out
 
@@ -340,10 +343,12 @@ with the direct baseline of the same run. `direct` is the engine itself; `nginx`
 plain reverse proxy (1 worker, upstream keep-alive, `proxy_buffering off`); `litellm`
 LiteLLM's proxy with the engine as an `openai/` model; `llmgw` llmgw-router with API
 keys, usage recording into a SQLite store and Prometheus metrics on; `llmgw+limits`
-the same router with the bench key in an org, team and project, limits (rpm, tpm,
-concurrent) on the key, user, project, team and org, a token and a cost budget, model
-prices, a band and slots per replica, all far above what the run uses, so every
-request is reserved, settled and admitted through them.
+the same router with the bench key belonging to a user and a project of an org, with
+rpm, tpm and concurrent limits, a token budget per day, a cost budget per month and a
+band on the key, and prices and slots on the model, all far above what the run uses,
+so every request is reserved, settled, priced and admitted through them
+(`--every-level` adds `llmgw+limits*5`, with rpm and tpm limits on the user, project,
+team and org as well).
 
 - req/s: `wrk -t1 -c{WRK_C} -d{WRK_S}s`, non-streaming chat completions.
 - p50/p99 at c=1: up to {LATENCY_N} sequential requests (≤{LATENCY_S} s) on one keep-alive
@@ -401,6 +406,11 @@ def parse_args():
         help="pause between the fake engine's stream chunks (default 0: back to back; with a "
              "pause every chunk wakes the proxy, which on an idle VM costs far more CPU)",
     )  # fmt: skip
+    parser.add_argument(
+        "--every-level", action="store_true",
+        help="also measure the router with rpm and tpm limits on the key's user, project, "
+             "team and org besides the key's own limits and budgets",
+    )  # fmt: skip
     args = parser.parse_args()
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     unknown = [p for p in args.peers if p not in targets.PEERS]
@@ -455,6 +465,8 @@ def main() -> int:
         bench = Bench(runner, load_cpu)
         kinds = [targets.Target, *(targets.PEERS[p] for p in args.peers), targets.Router,
                  targets.LimitedRouter]  # fmt: skip
+        if args.every_level:
+            kinds.append(targets.EveryLevelRouter)
         for kind in kinds:
             target = kind(engine, proxy_cpu)
             print(f"bench: {target.label}", flush=True)

@@ -387,7 +387,7 @@ class Router(Target):
     label = "llmgw-router (keys, usage, metrics)"
 
     def start(self) -> None:
-        work = WORK / "router"
+        work = WORK / self.name  # each its own store and config
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         self.db = work / "bench.db"
@@ -450,12 +450,14 @@ key = "@engine.key"
 
 
 class LimitedRouter(Router):
-    """The same router, with everything issue #5 checks on every request configured on
-    the bench key: tenancy, limits and budgets at every level (far above what the run
-    uses), model prices, a band, and slots per replica so saturation is judged."""
+    """The same router with limits, budgets and a band on the bench key: the key belongs
+    to a user and a project of an org; rpm, tpm and concurrent limits, a token budget
+    per day and a cost budget per month are set on it, all far above what the run
+    uses; the model has prices and slots, so every request is reserved, settled,
+    priced and admitted through them."""
 
     name = "llmgw+limits"
-    label = "llmgw-router with tenancy, limits, budgets and bands on the key"
+    label = "llmgw-router with limits, budgets and a band on the key"
     extra = """
 [[models]]
 name = "bench"
@@ -466,6 +468,8 @@ parallel = 64
 input_per_mtok = 0.1
 output_per_mtok = 0.4
 """
+    # Also limit the user, project, team and org (13 counters a request instead of 5).
+    every_level = False
 
     def make_key(self, env: dict) -> str:
         import json
@@ -474,18 +478,28 @@ output_per_mtok = 0.4
         run("orgs", "create", "bench-org")
         run("teams", "create", "bench-team", "--org", "bench-org")
         run("users", "create", "bench-user", "--team", "bench-team")
-        run("projects", "create", "bench-project", "--team", "bench-team", "--band", "gold")
+        run("projects", "create", "bench-project", "--team", "bench-team")
         key = json.loads(run("keys", "create", "--name", "bench", "--user", "bench-user",
                              "--project", "bench-project", "--band", "gold", "--json"))  # fmt: skip
         big = str(10**12)
-        run("limits", "set", "--key", key["id"], "--rpm", big, "--tpm", big, "--concurrent",
-            "1000")  # fmt: skip
-        for scope, name in (("user", "bench-user"), ("project", "bench-project"),
-                            ("team", "bench-team"), ("org", "bench-org")):  # fmt: skip
-            run("limits", "set", f"--{scope}", name, "--rpm", big, "--tpm", big)
-        run("budgets", "set", "--project", "bench-project", "--period", "day", "--tokens", big)
-        run("budgets", "set", "--org", "bench-org", "--period", "month", "--cost", "1000000")
+        kid = key["id"]
+        run("limits", "set", "--key", kid, "--rpm", big, "--tpm", big, "--concurrent", "1000")
+        run("budgets", "set", "--key", kid, "--period", "day", "--tokens", big)
+        run("budgets", "set", "--key", kid, "--period", "month", "--cost", "1000000")
+        if self.every_level:
+            for scope, name in (("user", "bench-user"), ("project", "bench-project"),
+                                ("team", "bench-team"), ("org", "bench-org")):  # fmt: skip
+                run("limits", "set", f"--{scope}", name, "--rpm", big, "--tpm", big)
         return key["secret"]
+
+
+class EveryLevelRouter(LimitedRouter):
+    """As LimitedRouter, with rpm and tpm limits on the user, project, team and org too
+    (`bench/run.py --every-level`)."""
+
+    name = "llmgw+limits*5"
+    label = "llmgw-router with limits on the key, user, project, team and org"
+    every_level = True
 
 
 PEERS = {"nginx": Nginx, "litellm": LiteLLM}

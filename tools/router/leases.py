@@ -30,6 +30,7 @@ _log = log.get("llmgw.router.leases")
 HORIZON_S = 2.0
 # ... but no more than this share of the limit, so idle leases strand little of it.
 CAP_SHARE = 10
+FLOOR_SHARE = 100
 # Unused allowance goes back to the store after this long without a request.
 IDLE_S = 5.0
 # Concurrency holds last this long unless renewed every RENEW_S.
@@ -180,6 +181,8 @@ class Leaser:
         lim = self.limiter
         with lim.lock:
             used, c.used = c.used, 0
+            if used:
+                c.last_used = now  # the request path counts use, and leaves this to us
             # A request found it short (need) or waits on it: lease for it now.
             waiting, need, c.need = bool(c.waiters) or c.need > 0, c.need, 0
             if c.period is not None:
@@ -188,7 +191,10 @@ class Leaser:
         c.rate = 0.7 * c.rate + 0.3 * used / dt
         active = waiting or now - c.last_used < IDLE_S
         cap = max(1, c.limit // CAP_SHARE)
-        target = max(need, min(cap, math.ceil(c.rate * HORIZON_S))) if active else 0
+        # At least a hundredth of the limit: a busy counter with a large limit is then
+        # leased a few times a minute, not every tick while its rate is measured.
+        floor = max(1, c.limit // FLOOR_SHARE)
+        target = max(need, min(cap, max(floor, math.ceil(c.rate * HORIZON_S)))) if active else 0
         if c.period is None:
             if not active and local <= 0 and in_use == 0:
                 return

@@ -43,7 +43,7 @@ class Counter:
     __slots__ = (
         "name", "kind", "period", "limit", "window", "ends", "local", "fleet",
         "exhausted_until", "failed", "in_use", "valid_until", "used", "rate", "last_used",
-        "waiters", "need",
+        "waiters", "need", "settles", "costs",
     )  # fmt: skip
 
     def __init__(self, name: str, kind: str, limit: int):
@@ -64,6 +64,8 @@ class Counter:
         self.last_used = 0.0
         self.waiters: list = []  # futures of requests waiting for a lease
         self.need = 0  # the largest amount a waiter needs
+        self.settles = kind != "rpm"  # corrected when a request ends (rpm: a request is 1)
+        self.costs = kind in COST_KINDS
 
     def roll(self, now: float) -> None:
         """Move to the window holding `now`; what was left of the old one is gone."""
@@ -116,37 +118,58 @@ class Limiter:
         return c
 
     def reserve(self, takes: list, now: float):
-        """Take `amount` from every counter, or nothing: a Reservation, or a Shortfall
-        naming the first counter that cannot give it."""
-        short = None
+        """Take `amount` from every counter of `takes` [(counter, amount)], or nothing."""
+        entries = [(c, i) for i, (c, _) in enumerate(takes)]
+        return self.admit(entries, [a for _, a in takes], now)
+
+    def admit(self, entries, amounts, now: float):
+        """Take from every counter of `entries` [(counter, i)] the amount `amounts[i]`,
+        or nothing: a Reservation, or a Shortfall naming the first that cannot give it.
+        One pass, undone in the rare case a counter falls short: this runs on every
+        limited request."""
+        taken = []  # what `settle` corrects: every counter but rpm
         with self.lock:
-            for c, amount in takes:
-                # Asked for, admitted or not: the lease thread keeps (and gets) allowance
-                # for counters in use, and gives back that of idle ones.
-                c.last_used = now
+            for n, (c, i) in enumerate(entries):
+                amount = amounts[i]
                 if c.period is None:
-                    ok = c.local >= amount and now < c.valid_until
+                    if c.local < amount or now >= c.valid_until:
+                        return self._refuse(entries, amounts, n, now)
+                    c.in_use += amount
                 else:
-                    c.roll(now)
-                    ok = c.local >= amount
-                if not ok:
-                    # A request bigger than the whole limit can never fit: no use waiting
-                    # for it, nor asking the store again while the fleet has none left.
-                    wait = now >= c.exhausted_until and amount <= c.limit
-                    if wait:
-                        c.need = max(c.need, amount)
-                    if short is None:
-                        short = Shortfall(c, amount, wait)
-            if short is not None:
-                return short
-            out = []
-            for c, amount in takes:
+                    if now >= c.ends:
+                        c.roll(now)
+                    if c.local < amount:
+                        return self._refuse(entries, amounts, n, now)
                 c.local -= amount
                 c.used += amount
-                if c.period is None:
-                    c.in_use += amount
-                out.append((c, amount, c.window))
-            return Reservation(out)
+                if c.settles:
+                    taken.append((c, amount, c.window))
+            return Reservation(taken)
+
+    def _refuse(self, entries, amounts, upto: int, now: float) -> "Shortfall":
+        for c, i in entries[:upto]:  # undo what was taken
+            c.local += amounts[i]
+            c.used -= amounts[i]
+            if c.period is None:
+                c.in_use -= amounts[i]
+        short = None
+        for c, i in entries:
+            amount = amounts[i]
+            # Asked for, admitted or not: the lease thread keeps (and gets) allowance for
+            # counters in use.
+            c.last_used = now
+            if c.period is not None and now >= c.ends:
+                c.roll(now)
+            ok = c.local >= amount and (c.period is not None or now < c.valid_until)
+            if not ok:
+                # A request bigger than the whole limit can never fit: no use waiting for
+                # it, nor asking the store again while the fleet has none left.
+                wait = now >= c.exhausted_until and amount <= c.limit
+                if wait:
+                    c.need = max(c.need, amount)
+                if short is None:
+                    short = Shortfall(c, amount, wait)
+        return short
 
     def settle(self, r: Reservation, tokens: int, cost_units: int, now: float) -> None:
         """Correct a reservation to what the request used: the difference goes back to
@@ -160,10 +183,9 @@ class Limiter:
                     c.in_use -= amount
                     c.local += amount
                     continue
-                if c.kind == "rpm":
-                    continue
-                actual = cost_units if c.kind in COST_KINDS else tokens
-                c.roll(now)
+                actual = cost_units if c.costs else tokens
+                if now >= c.ends:
+                    c.roll(now)
                 if c.window == window:
                     c.local += amount - actual  # negative: a debt the next lease pays
                 elif actual > amount:

@@ -41,7 +41,8 @@ NOBODY = Attribution()
 class Policy:
     """Everything the request path needs to know about one key."""
 
-    __slots__ = ("key", "band", "who", "ones", "tokens", "costs", "rpm", "tpm", "generation")
+    __slots__ = ("key", "band", "who", "ones", "tokens", "costs", "rpm", "tpm", "generation",
+                 "entries", "heads")  # fmt: skip
 
     def __init__(self, key: Key, band: int, who: Attribution, generation: int):
         self.key = key
@@ -53,10 +54,26 @@ class Policy:
         self.rpm: list = []  # for the x-ratelimit-* headers
         self.tpm: list = []
         self.generation = generation
+        self.entries: tuple = ()  # (counter, which amount it takes): see Quota.ask
+        self.heads: tuple = ()  # the smallest rpm and tpm limits, for the headers
 
     @property
     def limited(self) -> bool:
-        return bool(self.ones or self.tokens or self.costs)
+        return bool(self.entries)
+
+    def seal(self) -> "Policy":
+        """Fix what the request path reads, once: each counter with the amount it takes
+        (0: one request, 1: tpm's estimate, 2: a budget's upper bound, 3: its cost)."""
+        entries = [(c, 0) for c in self.ones]
+        entries += [(c, 1 if c.kind == "tpm" else 2) for c in self.tokens]
+        entries += [(c, 3) for c in self.costs]
+        self.entries = tuple(entries)
+        heads = []
+        for unit, counters in (("requests", self.rpm), ("tokens", self.tpm)):
+            if counters:
+                heads.append((unit, min(counters, key=lambda c: c.limit)))
+        self.heads = tuple(heads)
+        return self
 
 
 class State:
@@ -157,7 +174,7 @@ class Policies:
                     p.costs.append(lim.counter(f"cost/{period}", scope, subject, units))
         assert all(c.kind in TOKEN_KINDS for c in p.tokens)
         assert all(c.kind in COST_KINDS for c in p.costs)
-        return p
+        return p.seal()
 
     # -- the mirror ---------------------------------------------------------------------
 

@@ -189,7 +189,9 @@ class Proxy:
             prices = (info.input_per_mtok, info.output_per_mtok) if info else None
             body_len = len(body) if body else len(json.dumps(payload))
             ask = self.quota.ask(policy, body_len, max_tokens, prices)
-            got = await self.quota.reserve(ask)
+            got = self.quota.try_reserve(ask)  # the usual case: no waiting at all
+            if not isinstance(got, Reservation):
+                got = await self.quota.reserve(ask, got)
             ticket.headers = self.quota.headers(policy)
             if not isinstance(got, Reservation):
                 return self.reject(self.quota.refusal(got, rid, ticket.headers), ticket, model)

@@ -39,12 +39,13 @@ _TOKENS = tuple(f"x-ratelimit-{w}-tokens" for w in ("limit", "remaining", "reset
 
 
 class Ask:
-    """What one request asks of its limits: the reservation's amounts."""
+    """What one request asks of its limits: the amount each kind of counter takes."""
 
-    __slots__ = ("prompt", "completion", "takes")
+    __slots__ = ("prompt", "completion", "entries", "amounts")
 
-    def __init__(self, prompt: int, completion: int, takes: list):
-        self.prompt, self.completion, self.takes = prompt, completion, takes
+    def __init__(self, prompt: int, completion: int, entries: tuple, amounts: tuple):
+        self.prompt, self.completion = prompt, completion
+        self.entries, self.amounts = entries, amounts
 
 
 class Quota:
@@ -61,19 +62,21 @@ class Quota:
         prompt's upper bound (a token is at least a byte of the body) plus max_tokens,
         or its price."""
         prompt = estimate_prompt_tokens(body_len)
-        takes = [(c, 1) for c in policy.ones]
-        for c in policy.tokens:
-            takes.append((c, (prompt if c.kind == "tpm" else body_len) + max_tokens))
-        if policy.costs:
-            units = cost_units(body_len, max_tokens, *prices) if prices else 0
-            takes += [(c, units) for c in policy.costs]
-        return Ask(prompt, max_tokens, takes)
+        units = cost_units(body_len, max_tokens, *prices) if prices and policy.costs else 0
+        amounts = (1, prompt + max_tokens, body_len + max_tokens, units)
+        return Ask(prompt, max_tokens, policy.entries, amounts)
 
-    async def reserve(self, ask: Ask):
+    def try_reserve(self, ask: Ask):
+        """A Reservation from what this router holds now, or the Shortfall that stopped
+        it (then `reserve` waits for a lease)."""
+        return self.limiter.admit(ask.entries, ask.amounts, time.time())
+
+    async def reserve(self, ask: Ask, r=None):
         """A Reservation, or the Shortfall that stopped it: wait (up to `wait_s` in all)
         for the lease thread while this router's share has run out."""
         lim = self.limiter
-        r = lim.reserve(ask.takes, time.time())
+        if r is None:
+            r = lim.admit(ask.entries, ask.amounts, time.time())
         if isinstance(r, Reservation) or not r.wait or self.leaser is None:
             return r
         loop = asyncio.get_running_loop()
@@ -87,7 +90,7 @@ class Quota:
                     await fut
             except TimeoutError:
                 return r
-            r = lim.reserve(ask.takes, time.time())
+            r = lim.admit(ask.entries, ask.amounts, time.time())
             if isinstance(r, Reservation) or not r.wait or loop.time() >= deadline:
                 return r
 
@@ -129,21 +132,16 @@ class Quota:
 
     @staticmethod
     def headers(policy: Policy) -> dict:
-        """x-ratelimit-{limit,remaining,reset}-{requests,tokens} of the tightest rpm and
-        tpm limits that apply (none when none do)."""
+        """x-ratelimit-{limit,remaining,reset}-{requests,tokens} of the tightest (the
+        smallest) rpm and tpm limits that apply; none when none do."""
         out = {}
         now = time.time()
-        for names, counters in ((_REQUESTS, policy.rpm), (_TOKENS, policy.tpm)):
-            if not counters:
-                continue
-            best, left = None, 0
-            for c in counters:
-                rem = c.limit - c.fleet + c.local
-                if best is None or rem < left:
-                    best, left = c, rem
-            out[names[0]] = str(best.limit)
+        for unit, c in policy.heads:
+            names = _REQUESTS if unit == "requests" else _TOKENS
+            left = c.limit - c.fleet + c.local
+            out[names[0]] = str(c.limit)
             out[names[1]] = str(left if left > 0 else 0)
-            out[names[2]] = f"{math.ceil(best.ends - now) if best.ends > now else 0}s"
+            out[names[2]] = f"{math.ceil(c.ends - now) if c.ends > now else 0}s"
         return out
 
     @staticmethod

@@ -12,6 +12,9 @@ from tests.helpers import eventually, start_fake_engine
 from tests.integration.conftest import CHAT, Client, ctl
 
 STREAM = {**CHAT, "stream": True}
+# One slot a replica. The router believes an engine's own /slots once it has asked, so
+# tests that saturate a model tell the fake engine it has one slot too, before starting.
+ONE_SLOT = "slots_per_replica = 1\nengine_probe_s = 0.1\n"
 
 
 def key(band: str) -> str:
@@ -28,8 +31,12 @@ def queued(client: Client) -> float:
 
 def hold_the_only_slot(client: Client, engine, secret: str):
     """A stream that keeps the model's single slot until the engine is released."""
+    return hold_the_only_slot_of(client, engine, secret, "m")
+
+
+def hold_the_only_slot_of(client: Client, engine, secret: str, model: str):
     engine.control(mode="hold", drop_after=1, chunks=2)
-    resp = client.chat(STREAM, secret=secret, stream=True)
+    resp = client.chat({**STREAM, "model": model}, secret=secret, stream=True)
     lines = resp.iter_lines()
     assert next(line for line in lines if line).startswith(b"data: ")
     return resp, lines
@@ -37,7 +44,8 @@ def hold_the_only_slot(client: Client, engine, secret: str):
 
 def test_a_freed_slot_goes_to_the_highest_band_waiting(limited_router, engine):
     secrets = {band: key(band) for band in ("gold", "silver", "bronze")}
-    client = limited_router(secrets["gold"], extra="slots_per_replica = 1\n")
+    engine.control(n_slots=1)
+    client = limited_router(secrets["gold"], extra=ONE_SLOT)
     holder, rest = hold_the_only_slot(client, engine, secrets["bronze"])
     done = []
 
@@ -76,7 +84,8 @@ def answered_in_order(bands_by_key: dict, n: int) -> list[str] | None:
 
 def test_a_request_whose_queue_deadline_passes_gets_503_with_retry_after(limited_router, engine):
     secret = key("silver")
-    client = limited_router(secret, extra="slots_per_replica = 1\nqueue_deadline_s = 0.3\n")
+    engine.control(n_slots=1)
+    client = limited_router(secret, extra=ONE_SLOT + "queue_deadline_s = 0.3\n")
     holder, rest = hold_the_only_slot(client, engine, secret)
     t0 = time.monotonic()
     resp = client.chat()
@@ -92,11 +101,9 @@ def test_a_request_whose_queue_deadline_passes_gets_503_with_retry_after(limited
 
 def test_an_idle_model_is_admitted_without_queueing(limited_router, engine):
     secret = key("bronze")
-    client = limited_router(secret, extra="slots_per_replica = 1\n")
+    client = limited_router(secret, extra=ONE_SLOT)
     assert [client.chat().status_code for _ in range(3)] == [200, 200, 200]
-    assert "llmgw_router_queue_wait_seconds_count" not in client.metrics().replace(
-        'llmgw_router_queue_wait_seconds_count{band="bronze"} 0.0', ""
-    )
+    assert "llmgw_router_queue_wait_seconds_count" not in client.metrics()
 
 
 # -- fallbacks ------------------------------------------------------------------------
@@ -210,3 +217,25 @@ def test_a_dearer_fallback_is_tried_only_if_the_cost_budget_covers_its_prices(
     resp = eventually(lambda: (r := client.chat(body)).status_code == 200 and r.headers,
                       what="the budget to cover the dearer model")  # fmt: skip
     assert resp["x-llmgw-served-model"] == "dear"
+
+
+def test_a_model_saturated_past_the_deadline_falls_back(limited_router, engine, tmp_path):
+    other, other_url = start_fake_engine(tmp_path, key="engine-key-for-tests", name="small")
+    try:
+        secret = key("silver")
+        engine.control(n_slots=1)
+        client = limited_router(
+            secret,
+            extra="queue_deadline_s = 0.3\nengine_probe_s = 0.1\n" + CATALOG,  # 1 slot each
+            endpoints=[("e-big", engine.url, ("big",)), ("e-small", other_url, ("small",))],
+        )
+        holder, rest = hold_the_only_slot_of(client, engine, secret, "big")
+        resp = client.chat({**CHAT, "model": "big"})
+        assert resp.status_code == 200
+        assert resp.headers["x-llmgw-served-model"] == "small"
+        assert 'reason="saturated"' in client.metrics()
+        engine.control(release=True)
+        list(rest)
+        holder.close()
+    finally:
+        other.stop()

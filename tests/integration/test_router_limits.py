@@ -45,10 +45,17 @@ def away_from_a_minute_boundary(seconds: float = 8.0) -> None:
         time.sleep(left + 0.05)
 
 
-@pytest.mark.parametrize("scope", ["key", "user", "project", "team", "org"])
+LEVELS = ["key", "user", "project", "team", "org"]
+
+
+def subject_of(acme: dict, scope: str) -> str:
+    return {"key": acme["id"], "user": "ada", "project": "bot", "team": "research",
+            "org": "acme"}[scope]  # fmt: skip
+
+
+@pytest.mark.parametrize("scope", LEVELS)
 def test_an_rpm_limit_at_each_level_refuses_the_request_past_it(acme, limited_router, scope):
-    subject = {"key": acme["id"], "user": "ada", "project": "bot", "team": "research",
-               "org": "acme"}[scope]  # fmt: skip
+    subject = subject_of(acme, scope)
     away_from_a_minute_boundary()
     llmgw("limits", "set", f"--{scope}", subject, "--rpm", "3", "--store")
     client = limited_router(acme["secret"])
@@ -75,12 +82,15 @@ def test_the_tightest_limit_wins(acme, limited_router):
     assert client.chat().headers["x-ratelimit-limit-requests"] == "2"
 
 
-def test_a_tpm_limit_counts_what_requests_used_not_what_they_reserved(acme, limited_router):
+@pytest.mark.parametrize("scope", LEVELS)
+def test_a_tpm_limit_at_each_level_counts_what_requests_used_not_what_they_reserved(
+    acme, limited_router, scope
+):
     away_from_a_minute_boundary()
     # Room for one reservation, and then for a second only if the first gave back what
     # it did not use.
-    llmgw("limits", "set", "--project", "bot", "--tpm", str(reservation(CHAT) + USED),
-          "--store")  # fmt: skip
+    llmgw("limits", "set", f"--{scope}", subject_of(acme, scope), "--tpm",
+          str(reservation(CHAT) + USED), "--store")  # fmt: skip
     client = limited_router(acme["secret"])
     assert [client.chat().status_code for _ in range(2)] == [200, 200]
     third = client.chat()
@@ -89,10 +99,12 @@ def test_a_tpm_limit_counts_what_requests_used_not_what_they_reserved(acme, limi
     assert int(third.headers["x-ratelimit-remaining-tokens"]) < reservation(CHAT)
 
 
-def test_a_concurrency_limit_refuses_a_request_while_others_are_in_flight(
-    acme, limited_router, engine
+@pytest.mark.parametrize("scope", LEVELS)
+def test_a_concurrency_limit_at_each_level_refuses_a_request_while_others_are_in_flight(
+    acme, limited_router, engine, scope
 ):
-    llmgw("limits", "set", "--team", "research", "--concurrent", "2", "--store")
+    subject = subject_of(acme, scope)
+    llmgw("limits", "set", f"--{scope}", subject, "--concurrent", "2", "--store")
     client = limited_router(acme["secret"])
     engine.control(first_delay_s=3.0)
     slow = [threading.Thread(target=client.chat) for _ in range(2)]
@@ -101,18 +113,19 @@ def test_a_concurrency_limit_refuses_a_request_while_others_are_in_flight(
     eventually(lambda: engine.stats()["active"] == 2, what="two requests in flight")
     refused = client.chat()
     assert refused.status_code == 429
-    assert "concurrent requests on team 'research'" in refused.json()["error"]["message"]
+    assert f"concurrent requests on {scope} '{subject}'" in refused.json()["error"]["message"]
     for t in slow:
         t.join()
     engine.control(first_delay_s=0.0)
     assert client.chat().status_code == 200
 
 
-def test_a_spent_token_budget_answers_insufficient_quota_and_says_not_to_retry(
-    acme, limited_router
+@pytest.mark.parametrize("scope,period", [(s, p) for s in LEVELS for p in ("day", "month")])
+def test_a_spent_token_budget_at_each_level_answers_insufficient_quota_not_to_be_retried(
+    acme, limited_router, scope, period
 ):
-    llmgw("budgets", "set", "--project", "bot", "--period", "day", "--tokens",
-          str(budget_reservation(CHAT) + USED - 1), "--store")  # fmt: skip
+    llmgw("budgets", "set", f"--{scope}", subject_of(acme, scope), "--period", period,
+          "--tokens", str(budget_reservation(CHAT) + USED - 1), "--store")  # fmt: skip
     client = limited_router(acme["secret"])
     assert client.chat().status_code == 200
     spent = client.chat()
@@ -135,13 +148,15 @@ output_per_mtok = 2000.0
 """
 
 
-def test_a_cost_budget_counts_at_the_models_prices_and_usage_rows_carry_the_cost(
-    acme, limited_router
+@pytest.mark.parametrize("scope,period", [("org", "month"), ("user", "day"), ("key", "month"),
+                                          ("project", "day"), ("team", "month")])  # fmt: skip
+def test_a_cost_budget_at_each_level_counts_at_the_models_prices(
+    acme, limited_router, scope, period
 ):
     reserved = len(json.dumps(CHAT)) * 1000 + CHAT["max_tokens"] * 2000
     used = 7 * 1000 + 5 * 2000  # millionths: 0.017 a request
-    llmgw("budgets", "set", "--org", "acme", "--period", "month", "--cost",
-          str((reserved + used - 1) / 1e6), "--store")  # fmt: skip
+    llmgw("budgets", "set", f"--{scope}", subject_of(acme, scope), "--period", period,
+          "--cost", str((reserved + used - 1) / 1e6), "--store")  # fmt: skip
     client = limited_router(acme["secret"], extra=PRICED)
     assert client.chat().status_code == 200
     assert client.chat().json()["error"]["code"] == "insufficient_quota"

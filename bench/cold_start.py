@@ -62,7 +62,9 @@ def main() -> None:
 
         os.environ["LLMGW_STORE"] = f"sqlite://{tmp}/llmgw.db"
         os.environ["LLMGW_CONFIG"] = ""
-        secret = json.loads(llmgw("keys", "create", "--name", "bench", "--json").stdout)["secret"]
+        secret = json.loads(llmgw("keys", "create", "--store", "--name", "bench", "--json").stdout)[
+            "secret"
+        ]
         c = Cluster(tmp)
         c.add_model("cold", memory=GiB, min_=0, keep_alive=1.0)
         cold = []

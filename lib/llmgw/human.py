@@ -1,4 +1,13 @@
-"""Numbers as people read them, shared by `llmgw` and the status page."""
+"""Numbers as people read them, shared by the CLIs and the status page."""
+
+from datetime import UTC, datetime
+
+
+def when(ts: float | None) -> str:
+    """A Unix time as UTC, to the second: 2026-12-02 14:03:11Z; '-' for none."""
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def age(ts: float | None, now: float) -> str:

@@ -3,7 +3,6 @@
 import json
 import signal
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -11,6 +10,7 @@ import click
 from llmgw import backups as archive
 from llmgw import cli, log
 from llmgw.errors import Error
+from llmgw.human import when
 from llmgw_backup import restore, run, verify
 
 
@@ -50,8 +50,6 @@ def _keys(n: int) -> str:
     return f"{n} API key" if n == 1 else f"{n} API keys"
 
 
-def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 class Command(click.Group):
@@ -174,7 +172,7 @@ def backup_list(state, directory, as_json):
         print_json([a.json() for a in found])
         return
     rows = [["PATH", "SIZE", "CREATED"]]
-    rows += [[str(a.path), _size(a.bytes), _when(a.created_at)] for a in found]
+    rows += [[str(a.path), _size(a.bytes), when(a.created_at)] for a in found]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -2,12 +2,12 @@
 
 import json
 import sys
-from datetime import UTC, datetime
 
 import click
 
 from llmgw import cli
 from llmgw.errors import Error
+from llmgw.human import when  # noqa: F401  (re-exported for the commands)
 from llmgw.store import migrate, open_store
 
 
@@ -41,10 +41,6 @@ def queued(body: dict, as_json: bool, words: str) -> None:
         click.echo(f"queued: {words}", err=True)
 
 
-def when(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def print_json(obj) -> None:

@@ -187,7 +187,9 @@ class Proxy:
                     body = None
             info = self.policies.model(model)
             prices = (info.input_per_mtok, info.output_per_mtok) if info else None
-            body_len = len(body) if body else len(json.dumps(payload))
+            if body is None:  # serialised once, here: the engine gets these bytes
+                body = json.dumps(payload).encode()
+            body_len = len(body)
             ask = self.quota.ask(policy, body_len, max_tokens, prices)
             got = self.quota.try_reserve(ask)  # the usual case: no waiting at all
             if not isinstance(got, Reservation):

@@ -17,8 +17,9 @@ from llmgw_scheduler import metrics
 from llmgw_scheduler.admin import admin_token
 from llmgw_scheduler.admin import serve as serve_admin
 from llmgw_scheduler.leadership import Leadership, check_timings
+from llmgw_scheduler.loop import Loop
 from llmgw_scheduler.needs import Needs
-from llmgw_scheduler.service import Loop, Scheduler
+from llmgw_scheduler.service import Scheduler
 
 _log = log.get("llmgw.scheduler")
 

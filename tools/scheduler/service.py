@@ -1,6 +1,6 @@
-"""The scheduler's loop: listen to agents, reconcile, command agents, publish routes.
+"""The scheduler's state and passes: agent messages in, commands and routes out.
 
-One thread, one zmq poller. Decisions are made by the pure reconciler; this module
+Decisions are made by the pure reconciler; this module
 turns agent messages into its inputs and its decisions into messages. Nothing is
 started until `settle_s` after our own start, so agents can tell us what already
 runs: a restarted scheduler must not start a replica twice.
@@ -13,21 +13,18 @@ import secrets
 import threading
 import time
 
-import peewee
-import zmq
-
 from llmgw import apikeys, bus, catalog, config, log, restarts
 from llmgw.catalog import Model
 from llmgw.errors import ConfigError
 from llmgw.placement import NodeView, place
 from llmgw.reconciler import Backoff, Desired, ReplicaView, after_failure, after_success, reconcile
 from llmgw.store import (
-    BusPeer,
     DrainedNode,
     ModelScale,
     ParkedModel,
     ReplicaIntent,
     RuntimeModel,
+    drop_connection,
 )
 from llmgw_scheduler import metrics
 from llmgw_scheduler.inventory import LIVE, Inventory, Replica
@@ -531,7 +528,7 @@ class Scheduler:
         except Exception as e:  # the store is down: try again on the next pass
             self._intents_done |= done
             _log.debug("intents_not_deleted", reason=str(e)[:200])
-            _reconnect_store()
+            drop_connection()
 
     # -- the periodic pass ---------------------------------------------------------------
 
@@ -696,7 +693,7 @@ class Scheduler:
                                  epoch=self.epoch, created_at=now).execute()  # fmt: skip
         except Exception as e:  # the store is down: start nothing we could not record
             _log.warning("intent_not_written", model=m.name, node=node, reason=str(e)[:200])
-            _reconnect_store()
+            drop_connection()
             return None
         self.intents.add(rid)
         key = apikeys.engine_key(self.cluster_secret, rid)
@@ -787,125 +784,3 @@ class Scheduler:
 
 def _gib(n) -> str:
     return f"{int(n or 0) / 2**30:.1f}"
-
-
-def _reconnect_store() -> None:
-    from llmgw.store import drop_connection
-
-    drop_connection()
-
-
-def lookup_peer(public_key: str) -> str | None:
-    """A registered peer's name, read from the store (on the authenticator's thread)."""
-    from llmgw.store import db_proxy
-
-    try:
-        with db_proxy.obj.connection_context():
-            peer = BusPeer.get_or_none(BusPeer.public_key == public_key)
-    except Exception as e:  # the store is down: the peer retries, we say why
-        _log.warning("peer_lookup_failed", reason=str(e)[:200])
-        return None
-    return peer.name if peer else None
-
-
-class Loop:
-    """The sockets around a Scheduler."""
-
-    def __init__(self, sched: Scheduler, keys, cfg):
-        self.sched = sched
-        self.cfg = cfg
-        self.ctx = zmq.Context()
-        self.auth = bus.PeerAuthenticator(self.ctx, lookup=lookup_peer).start_for()
-        self.refresh_peers()
-        self.router = bus.serve(self.ctx, zmq.ROUTER, cfg.scheduler.bus, keys)
-        self.pub = bus.serve(self.ctx, zmq.PUB, cfg.scheduler.publish, keys)
-        self.running = True
-        self.next_peers = 0.0
-
-    def refresh_peers(self) -> None:
-        try:
-            peers = list(BusPeer.select())
-        except Exception as e:  # the store is down: keep the peers we know, reconnect later
-            _log.debug("peers_not_refreshed", reason=str(e)[:200])
-            _reconnect_store()
-            return
-        self.auth.set_peers({p.public_key: p.name for p in peers})
-        self.sched.registered_nodes = sorted(p.name for p in peers if p.kind == "agent")
-
-    def run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        s = self.sched
-        while self.running:
-            events = dict(poller.poll(100))
-            with s.lock:
-                if events:
-                    self._receive()
-                now = time.monotonic()
-                if now >= self.next_peers:
-                    self.refresh_peers()
-                    self.next_peers = now + 2.0
-                if now >= s.next_tick or s.wake:
-                    s.wake = False
-                    s.next_tick = now + self.cfg.scheduler.tick_s
-                    try:
-                        if s.leading():
-                            s.tick()
-                        else:
-                            s.standby_tick()
-                    except peewee.PeeweeException as e:
-                        # The store blipped mid-pass: the next pass starts again from what
-                        # the agents report (a start is only sent once its intent is kept).
-                        _log.warning("pass_failed", reason=str(e)[:200])
-                        _reconnect_store()
-                # Checked again right before sending: a pass that outlived our lease sends
-                # nothing (agents would refuse it anyway, by its epoch).
-                if s.leading():
-                    self._flush()
-                    self._publish(now)
-                else:
-                    s.step_down()
-
-    def _receive(self) -> None:
-        while True:
-            try:
-                ident, frame = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except ValueError:
-                continue  # not [identity, message]: nothing of ours
-            sender = bus.sender_of(frame)
-            try:
-                msg = bus.decode(frame.bytes)
-            except bus.BusError as e:
-                _log.warning("bad_message", node=sender, reason=str(e))
-                continue
-            if ident.bytes.decode(errors="replace") != sender:
-                _log.warning("identity_mismatch", node=sender, claimed=ident.bytes[:64])
-                continue
-            self.sched.handle(sender, msg)
-
-    def _flush(self) -> None:
-        for node, data in self.sched.outbox:
-            try:
-                self.router.send_multipart([node.encode(), data], zmq.NOBLOCK)
-            except zmq.ZMQError as e:
-                _log.warning("send_failed", node=node, reason=str(e))
-        self.sched.outbox.clear()
-
-    def _publish(self, now: float) -> None:
-        s = self.sched
-        if not s.settled(s.clock()):
-            return  # an empty table from a scheduler that just started would stop routers
-        if s.routes_dirty or now >= s.next_snapshot:
-            if s.routes_dirty:
-                s.seq += 1
-            s.routes_dirty = False
-            s.next_snapshot = now + self.cfg.scheduler.snapshot_s
-            self.pub.send(bus.encode("routes", "scheduler", s.routes(), s.epoch))
-
-    def close(self) -> None:
-        self.router.close(0)
-        self.pub.close(0)
-        self.auth.stop()
-        self.ctx.term()

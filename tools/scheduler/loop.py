@@ -1,0 +1,133 @@
+"""The sockets around a Scheduler: one thread, one zmq poller.
+
+Messages from agents go to Scheduler.handle; passes run every tick (or at once when
+woken); commands queued by a pass go out on the ROUTER socket and the routing table
+on the PUB socket, only while this scheduler leads.
+"""
+
+import time
+
+import peewee
+import zmq
+
+from llmgw import bus, log
+from llmgw.store import BusPeer, drop_connection
+from llmgw_scheduler.service import Scheduler
+
+_log = log.get("llmgw.scheduler")
+
+
+def lookup_peer(public_key: str) -> str | None:
+    """A registered peer's name, read from the store (on the authenticator's thread)."""
+    from llmgw.store import db_proxy
+
+    try:
+        with db_proxy.obj.connection_context():
+            peer = BusPeer.get_or_none(BusPeer.public_key == public_key)
+    except Exception as e:  # the store is down: the peer retries, we say why
+        _log.warning("peer_lookup_failed", reason=str(e)[:200])
+        return None
+    return peer.name if peer else None
+
+
+class Loop:
+    """The sockets around a Scheduler."""
+
+    def __init__(self, sched: Scheduler, keys, cfg):
+        self.sched = sched
+        self.cfg = cfg
+        self.ctx = zmq.Context()
+        self.auth = bus.PeerAuthenticator(self.ctx, lookup=lookup_peer).start_for()
+        self.refresh_peers()
+        self.router = bus.serve(self.ctx, zmq.ROUTER, cfg.scheduler.bus, keys)
+        self.pub = bus.serve(self.ctx, zmq.PUB, cfg.scheduler.publish, keys)
+        self.running = True
+        self.next_peers = 0.0
+
+    def refresh_peers(self) -> None:
+        try:
+            peers = list(BusPeer.select())
+        except Exception as e:  # the store is down: keep the peers we know, reconnect later
+            _log.debug("peers_not_refreshed", reason=str(e)[:200])
+            drop_connection()
+            return
+        self.auth.set_peers({p.public_key: p.name for p in peers})
+        self.sched.registered_nodes = sorted(p.name for p in peers if p.kind == "agent")
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        s = self.sched
+        while self.running:
+            events = dict(poller.poll(100))
+            with s.lock:
+                if events:
+                    self._receive()
+                now = time.monotonic()
+                if now >= self.next_peers:
+                    self.refresh_peers()
+                    self.next_peers = now + 2.0
+                if now >= s.next_tick or s.wake:
+                    s.wake = False
+                    s.next_tick = now + self.cfg.scheduler.tick_s
+                    try:
+                        if s.leading():
+                            s.tick()
+                        else:
+                            s.standby_tick()
+                    except peewee.PeeweeException as e:
+                        # The store blipped mid-pass: the next pass starts again from what
+                        # the agents report (a start is only sent once its intent is kept).
+                        _log.warning("pass_failed", reason=str(e)[:200])
+                        drop_connection()
+                # Checked again right before sending: a pass that outlived our lease sends
+                # nothing (agents would refuse it anyway, by its epoch).
+                if s.leading():
+                    self._flush()
+                    self._publish(now)
+                else:
+                    s.step_down()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                ident, frame = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            except ValueError:
+                continue  # not [identity, message]: nothing of ours
+            sender = bus.sender_of(frame)
+            try:
+                msg = bus.decode(frame.bytes)
+            except bus.BusError as e:
+                _log.warning("bad_message", node=sender, reason=str(e))
+                continue
+            if ident.bytes.decode(errors="replace") != sender:
+                _log.warning("identity_mismatch", node=sender, claimed=ident.bytes[:64])
+                continue
+            self.sched.handle(sender, msg)
+
+    def _flush(self) -> None:
+        for node, data in self.sched.outbox:
+            try:
+                self.router.send_multipart([node.encode(), data], zmq.NOBLOCK)
+            except zmq.ZMQError as e:
+                _log.warning("send_failed", node=node, reason=str(e))
+        self.sched.outbox.clear()
+
+    def _publish(self, now: float) -> None:
+        s = self.sched
+        if not s.settled(s.clock()):
+            return  # an empty table from a scheduler that just started would stop routers
+        if s.routes_dirty or now >= s.next_snapshot:
+            if s.routes_dirty:
+                s.seq += 1
+            s.routes_dirty = False
+            s.next_snapshot = now + self.cfg.scheduler.snapshot_s
+            self.pub.send(bus.encode("routes", "scheduler", s.routes(), s.epoch))
+
+    def close(self) -> None:
+        self.router.close(0)
+        self.pub.close(0)
+        self.auth.stop()
+        self.ctx.term()

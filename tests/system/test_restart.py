@@ -92,8 +92,9 @@ def test_a_replica_started_before_its_profile_changed_is_marked_stale_until_rest
     assert cluster.ctl("restart", *ids, "--wait", "--timeout", "60").returncode == 0
     # Done once the replacement is ready; the old one drains, then goes.
     eventually(
-        lambda: [(r["stale"], r["id"] != old) for r in cluster.admin("/v1/replicas")]
-        == [(False, True)],
+        lambda: (
+            [(r["stale"], r["id"] != old) for r in cluster.admin("/v1/replicas")] == [(False, True)]
+        ),
         what="only the fresh replica",
     )
 

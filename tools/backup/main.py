@@ -50,8 +50,6 @@ def _keys(n: int) -> str:
     return f"{n} API key" if n == 1 else f"{n} API keys"
 
 
-
-
 class Command(click.Group):
     """Every llmgw error, and any OS error, is one line on stderr and exit status 1."""
 

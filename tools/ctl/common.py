@@ -41,8 +41,6 @@ def queued(body: dict, as_json: bool, words: str) -> None:
         click.echo(f"queued: {words}", err=True)
 
 
-
-
 def print_json(obj) -> None:
     click.echo(json.dumps(obj, indent=2 if sys.stdout.isatty() else None))
 

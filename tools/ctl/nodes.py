@@ -71,10 +71,17 @@ def _list(state, kind: str, as_json: bool) -> None:
 
 def add_options(f):
     """NAME, --json, --out and --store: the same for `nodes add` and `routers add`."""
-    f = click.option("--store", "direct", is_flag=True,
-                     help="Register in the store directly, not through the scheduler.")(f)
-    f = click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-                     help="Also write its keypair and the scheduler's public key here.")(f)
+    f = click.option(
+        "--store",
+        "direct",
+        is_flag=True,
+        help="Register in the store directly, not through the scheduler.",
+    )(f)
+    f = click.option(
+        "--out",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Also write its keypair and the scheduler's public key here.",
+    )(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print the peer as JSON.")(f)
     return click.argument("name")(f)  # fmt: skip
 

@@ -67,7 +67,7 @@ def test_a_model_the_key_may_not_use_is_403(make_router, engine):
         resp = router.post("/v1/chat/completions", CHAT, key=limited)
         return [resp] if resp.status_code != 401 else None
 
-    (resp,) = eventually(answered, timeout=5, what="the router to know the new key")
+    (resp,) = eventually(answered, timeout=20, what="the router to know the new key")
     assert_error(resp, 403, "model_not_allowed", "model")
 
 

@@ -10,18 +10,18 @@ from tests.integration.test_router_upstreams import usage_rows
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def test_a_new_key_works_and_a_revoked_one_stops_within_five_seconds(make_router, engine):
+def test_a_new_key_works_and_a_revoked_one_stops_after_the_next_refresh(make_router, engine):
     router = make_router([engine.url], key_refresh_s=2.0)  # the default
     new = json.loads(llmgw("keys", "create", "--store", "--name", "late", "--json").stdout)
     eventually(
         lambda: router.post("/v1/chat/completions", CHAT, key=new["secret"]).status_code == 200,
-        timeout=5,
+        timeout=20,  # a deadline, not a timing: the refresh runs every 2 s
         what="the new key to be accepted",
     )
     llmgw("keys", "revoke", "--store", new["id"])
     eventually(
         lambda: router.post("/v1/chat/completions", CHAT, key=new["secret"]).status_code == 401,
-        timeout=5,
+        timeout=20,
         what="the revoked key to be refused",
     )
 

@@ -50,6 +50,15 @@ def test_replacing_the_table_keeps_the_counters_of_endpoints_that_stay():
     assert next(e for e in t.endpoints() if e.id == "a").outstanding == 4
 
 
+def test_a_new_table_keeps_when_each_endpoint_was_last_used():
+    # The scheduler learns a replica was used from the next activity report; a table
+    # snapshot arriving between the request and that report must not forget it.
+    t = table(("a", ["m"]))
+    t.endpoints()[0].last_used = 123.5
+    t.replace([Endpoint("a", "http://a", ("m",))])
+    assert t.endpoints()[0].last_used == 123.5
+
+
 def test_the_endpoint_flag_takes_id_url_and_models():
     ep = parse_endpoint_flag("g0=http://127.0.0.1:8011/=gemma,gemma-alias")
     assert (ep.id, ep.url, ep.models) == ("g0", "http://127.0.0.1:8011", ("gemma", "gemma-alias"))

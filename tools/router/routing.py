@@ -64,7 +64,11 @@ class RoutingTable:
             old = self._by_id.get(ep.id)
             if old is not None and old.url == ep.url:
                 ep.outstanding, ep.cooldown_until = old.outstanding, old.cooldown_until
-                ep.signal = old.signal
+                # Dropping last_used lost a request that ended just before a snapshot
+                # and after the last activity report: the scheduler then never heard
+                # the replica was used (a flaky CI run showed it, as idle time that
+                # never reset).
+                ep.signal, ep.last_used = old.signal, old.last_used
             by_id[ep.id] = ep
         by_model: dict[str, list[Endpoint]] = {}
         for ep in by_id.values():

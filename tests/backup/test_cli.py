@@ -45,7 +45,11 @@ def test_an_archive_verifies_and_restores_into_an_empty_store_with_the_same_keys
     assert verified["ok"] and verified["api_keys"] == 1 and verified["engine_secret"]
     (config_dir / "pki" / "ca.key").unlink()
 
-    restored = ok(backup("restore", path, "--json", env={"LLMGW_STORE": empty_store}))
+    restored = ok(
+        backup(
+            "restore", path, "--config-to", config_dir, "--json", env={"LLMGW_STORE": empty_store}
+        )
+    )
 
     assert str(config_dir / "pki" / "ca.key") in json.loads(restored.stdout)["config_written"]
     assert keys_in(empty_store) == [seeded["key_id"]]
@@ -73,12 +77,47 @@ def test_restore_refuses_to_overwrite_a_changed_config_file_until_forced(
     original = (config_dir / "llmgw.toml").read_text()
     (config_dir / "llmgw.toml").write_text(original + "\n# changed after the backup\n")
 
-    error = failed_with_one_line(backup("restore", path, env={"LLMGW_STORE": empty_store}))
+    to = ("--config-to", config_dir)
+    error = failed_with_one_line(backup("restore", path, *to, env={"LLMGW_STORE": empty_store}))
 
     assert str(config_dir / "llmgw.toml") in error and "--force" in error
     assert keys_in(empty_store) == []  # refused before the store was touched
-    ok(backup("restore", path, "--force", env={"LLMGW_STORE": empty_store}))
+    ok(backup("restore", path, *to, "--force", env={"LLMGW_STORE": empty_store}))
     assert (config_dir / "llmgw.toml").read_text() == original
+
+
+def test_a_restore_into_a_scratch_store_never_touches_the_live_configuration(
+    seeded, backups, empty_store, config_dir
+):
+    path = ok(backup("run")).stdout.strip()
+    live = (config_dir / "llmgw.toml").read_text() + "\n# changed after the backup\n"
+    (config_dir / "llmgw.toml").write_text(live)
+    (config_dir / "pki" / "ca.key").unlink()
+
+    out = ok(backup("restore", path, env={"LLMGW_STORE": empty_store})).stdout
+
+    assert keys_in(empty_store) == [seeded["key_id"]]
+    assert "configuration files were not restored" in out and "--config-to" in out
+    assert (config_dir / "llmgw.toml").read_text() == live
+    assert not (config_dir / "pki" / "ca.key").exists()
+
+
+def test_the_configuration_can_be_restored_beside_the_live_one(
+    seeded, backups, empty_store, config_dir, tmp_path
+):
+    path = ok(backup("run")).stdout.strip()
+    aside = tmp_path / "restored-config"
+
+    result = json.loads(
+        ok(
+            backup(
+                "restore", path, "--config-to", aside, "--json", env={"LLMGW_STORE": empty_store}
+            )
+        ).stdout
+    )
+
+    assert (aside / "llmgw.toml").read_bytes() == (config_dir / "llmgw.toml").read_bytes()
+    assert str(aside / "pki" / "ca.key") in result["config_written"]
 
 
 def test_a_backup_whose_store_dump_fails_leaves_no_archive_behind(config_dir, backups):

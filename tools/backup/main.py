@@ -132,31 +132,45 @@ def backup_verify(path, as_json):
     )
 
 
-@main.command("restore", short_help="Restore the store and the configuration.")
+@main.command("restore", short_help="Restore the store, and the configuration where asked.")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--config-to",
+    "config_to",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also restore the configuration files into this directory (e.g. /etc/llmgw).",
+)
 @click.option("--force", is_flag=True, help="Replace a store and files that are there.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was restored as JSON.")
 @pass_state
-def backup_restore(state, path, force, as_json):
-    """Restore the store and the configuration directory from an archive.
+def backup_restore(state, path, config_to, force, as_json):
+    """Restore the store from an archive, and its configuration with --config-to.
 
     Stop llmgw first. A store that has tables, or configuration files that differ from
-    the archive's, are replaced only with --force.
+    the archive's, are replaced only with --force. Without --config-to no
+    configuration file is written, so a check into a scratch database cannot touch the
+    live configuration.
 
     \b
     Examples:
-      llmgw-backup restore /var/backups/llmgw/llmgw-20250101T030000Z.tar.gz
-      LLMGW_STORE=postgresql://llmgw@db2/llmgw llmgw-backup restore ARCHIVE
+      llmgw-backup restore ARCHIVE --config-to /etc/llmgw     # disaster recovery
+      LLMGW_STORE=postgresql://llmgw@db1/scratch llmgw-backup restore ARCHIVE
     """
-    result = restore.restore(state.cfg, path, force)
+    result = restore.restore(state.cfg, path, force, config_to)
     if as_json:
         print_json(result)
         return
-    click.echo(
-        f"restored {result['store_url']} ({_keys(result['api_keys'])}) and"
-        f" {len(result['config_written'])} files into {result['config_dir']}"
-        f" ({result['config_unchanged']} already the same) from {path}"
-    )
+    if config_to is None:
+        config = (
+            f"; its {result['config_files']} configuration files were not restored"
+            " (--config-to DIR restores them)"
+        )
+    else:
+        config = (
+            f" and {len(result['config_written'])} files into {result['config_dir']}"
+            f" ({result['config_unchanged']} already the same)"
+        )
+    click.echo(f"restored {result['store_url']} ({_keys(result['api_keys'])}) from {path}{config}")
 
 
 @main.command("list")

@@ -1,10 +1,15 @@
-"""`llmgw-backup restore`: put an archive's store and configuration back.
+"""`llmgw-backup restore`: put an archive's store, and its configuration where asked, back.
 
 Everything is checked before anything is written: the archive (as `verify` does),
 the store kinds, the store's emptiness, and which configuration files would change.
 A store with tables in it, or a configuration file that differs from the archive's,
 is only replaced with --force. Files in the configuration directory that the archive
 does not hold are left alone.
+
+The configuration is restored only into the directory named by `--config-to`. It used
+to go into the configured directory every time, so the documented "restore into a
+scratch database" check also wrote into the live /etc/llmgw, and its refusal ("…
+differ from the archive's copy: pass --force") invited overwriting the live config.
 """
 
 import os
@@ -17,9 +22,10 @@ from llmgw_backup import bundle, stores, verify
 from llmgw_backup.errors import BackupError, RestoreRefused
 
 
-def restore(cfg: Config, archive: Path, force: bool) -> dict:
+def restore(cfg: Config, archive: Path, force: bool, config_to: Path | None = None) -> dict:
+    """Restore the store; and the configuration files into `config_to`, if given."""
     url = cfg.store_url()
-    config_dir = Path(cfg.paths.config_dir)
+    config_dir = config_to
     with tempfile.TemporaryDirectory(prefix="llmgw-restore-") as tmp:
         contents = bundle.extract(archive, Path(tmp))
         facts = verify.check(contents, archive)
@@ -37,7 +43,10 @@ def restore(cfg: Config, archive: Path, force: bool) -> dict:
                 " stop llmgw and pass --force to replace it"
             )
         files = [e for e in contents.entries if e.name.startswith("config/") and not e.is_dir]
-        changed = [e for e in files if _differs(Path(tmp) / e.name, _target(config_dir, e))]
+        if config_dir is None:
+            changed = []
+        else:
+            changed = [e for e in files if _differs(Path(tmp) / e.name, _target(config_dir, e))]
         if changed and not force:
             first = _target(config_dir, changed[0])
             more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
@@ -45,13 +54,16 @@ def restore(cfg: Config, archive: Path, force: bool) -> dict:
                 f"{first}{more} differ from the archive's copy: pass --force to replace them"
             )
         stores.restore(url, contents.store_file, force)
-        written = _restore_config(Path(tmp), contents.entries, config_dir)
+        written = (
+            [] if config_dir is None else _restore_config(Path(tmp), contents.entries, config_dir)
+        )
     return {
         **verify.summary(archive, contents, facts),
         "store_url": redact(url),
-        "config_dir": str(config_dir),
+        "config_dir": None if config_dir is None else str(config_dir),
         "config_written": written,
-        "config_unchanged": len(files) - len(written),
+        "config_unchanged": 0 if config_dir is None else len(files) - len(written),
+        "config_files": len(files),
     }
 
 

@@ -20,3 +20,7 @@ class TenancyError(Error):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
+
+
+class OperatorError(Error):
+    """An operator that cannot be made or removed as asked."""

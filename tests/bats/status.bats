@@ -178,3 +178,41 @@ teardown_file() {
     [ "$(echo "$output" | jq -c '[.min, .max]')" = "[1,2]" ]
     [ "$(llmgw models --json | jq -r '.[] | select(.name=="lonely") | .max')" = 2 ]
 }
+
+@test "an operator's own token names them in the audit log, and a read token cannot change" {
+    token=$(llmgw operators add ada --role admin)
+    reader=$(llmgw operators add grafana --role read --json | jq -r .token)
+    [ "$(llmgw operators list --json | jq -r '[.[] | "\(.name):\(.role)"] | join(",")')" = "ada:admin,grafana:read" ]
+    # The token is never listed.
+    ! llmgw operators list --json | grep -q "$token"
+    LLMGW_ADMIN_TOKEN="$token" llmgw retry lonely >/dev/null
+    [ "$(llmgw audit --action models.retry --json | jq -r '.[-1].actor')" = ada ]
+    [ "$(llmgw audit --action models.retry --json | jq -r '.[-1].detail.claimed')" = "$(id -un)@$(hostname)" ]
+    # A read token looks, and is refused a change in one line.
+    LLMGW_ADMIN_TOKEN="$reader" llmgw models --json | jq -e '.[] | select(.name=="lonely")' >/dev/null
+    run --separate-stderr env LLMGW_ADMIN_TOKEN="$reader" llmgw retry lonely
+    [ "$status" -ne 0 ]
+    [[ "$stderr" == *"operator 'grafana' has the read role"* ]]
+    [ "$(echo "$stderr" | wc -l)" -eq 1 ]
+    # Removed: the token stops working at once.
+    llmgw operators remove grafana >/dev/null
+    run --separate-stderr env LLMGW_ADMIN_TOKEN="$reader" llmgw models
+    [ "$status" -ne 0 ]
+    [[ "$stderr" == *"refused the admin token from LLMGW_ADMIN_TOKEN"* ]]
+    run --separate-stderr llmgw operators add ada --role admin
+    [ "$status" -ne 0 ]
+    [[ "$stderr" == *"exists already"* ]]
+}
+
+@test "a rotated bootstrap token replaces the old one at once" {
+    old=$(cat "$BATS_FILE_TMPDIR/etc/secrets/admin.token")
+    new=$(LLMGW_ADMIN_TOKEN="$old" llmgw admin-token rotate)
+    [ -n "$new" ] && [ "$new" != "$old" ]
+    [ "$(cat "$BATS_FILE_TMPDIR/etc/secrets/admin.token")" = "$new" ]
+    [ "$(stat -c %a "$BATS_FILE_TMPDIR/etc/secrets/admin.token")" = 600 ]
+    run --separate-stderr env LLMGW_ADMIN_TOKEN="$old" llmgw models
+    [ "$status" -ne 0 ]
+    [[ "$stderr" == *"refused the admin token from LLMGW_ADMIN_TOKEN"* ]]
+    llmgw models --json >/dev/null   # the file's token, as the CLI reads it
+    [ "$(llmgw audit --action admin_token --json | jq -r '.[-1].action')" = admin_token.rotate ]
+}

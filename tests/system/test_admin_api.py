@@ -71,7 +71,7 @@ def test_nodes_add_through_the_api_writes_a_keypair_an_agent_can_join_with(clust
         ("nodes.add", "node-c", "127.0.0.1"),
         ("nodes.add", "node-c", "127.0.0.1"),
     ]
-    assert entries[0]["detail"] == {"files": True}
+    assert entries[0]["detail"] == {"files": True, "token": "bootstrap"}
 
     cluster.start_agent("node-c", memory=2 * GiB, register=False)
     eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-c to join")

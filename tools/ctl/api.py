@@ -53,8 +53,9 @@ class Admin:
         if r.status_code == 401:
             raise click.ClickException(
                 f"the scheduler at {self.url} refused the admin token from {self.token_from}"
-                " (it must match scheduler.admin_token, or <config_dir>/secrets/admin.token"
-                " on the scheduler's host)"
+                " (it must be an operator's token from `llmgw operators add`, or the bootstrap"
+                " token: scheduler.admin_token, or <config_dir>/secrets/admin.token on the"
+                " scheduler's host)"
             )
         if r.status_code >= 400:
             raise click.ClickException(error_message(r))

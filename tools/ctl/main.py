@@ -12,6 +12,7 @@ from llmgw_ctl.keys import keys
 from llmgw_ctl.limits import budgets, limits
 from llmgw_ctl.logs import logs
 from llmgw_ctl.nodes import nodes, routers
+from llmgw_ctl.operators import admin_token, operators
 from llmgw_ctl.restart import restart
 from llmgw_ctl.status import explain_placement, models, replicas, retry, status
 from llmgw_ctl.store import store
@@ -76,3 +77,5 @@ cli.add_command(users)
 cli.add_command(limits)
 cli.add_command(budgets)
 cli.add_command(usage)
+cli.add_command(operators)
+cli.add_command(admin_token)

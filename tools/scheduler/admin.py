@@ -5,16 +5,16 @@ lock; changes are applied under the same lock and answered 202 when they take ef
 on the next pass (a queued change is not an error).
 """
 
-import hmac
 import json
+import os
 import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from llmgw import audit, lease, log
-from llmgw.errors import ConfigError
+from llmgw import audit, lease, log, operators
+from llmgw.errors import ConfigError, OperatorError
 from llmgw.placement import place
 from llmgw.store import BusPeer
 from llmgw_scheduler import page, registry
@@ -30,15 +30,33 @@ def admin_token(cfg) -> str:
     """scheduler.admin_token, or the token file made on first start (0600)."""
     if cfg.scheduler.admin_token:
         return cfg.scheduler.admin_token
-    path = Path(cfg.paths.config_dir) / "secrets" / "admin.token"
+    path = token_path(cfg)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(path.name + ".part")
-        tmp.write_text(secrets.token_urlsafe(32) + "\n")
-        tmp.chmod(0o600)
-        tmp.rename(path)
+        _write_token(path)
         _log.info("admin_token_created", path=path)
     return path.read_text().strip()
+
+
+def token_path(cfg) -> Path:
+    return Path(cfg.paths.config_dir) / "secrets" / "admin.token"
+
+
+def rotate_admin_token(cfg) -> str:
+    token = _write_token(token_path(cfg))
+    _log.warning("admin_token_rotated", path=token_path(cfg))
+    return token
+
+
+def _write_token(path: Path) -> str:
+    """A new token in `path`, 0600, replaced in one rename."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_urlsafe(32)
+    tmp = path.with_name(path.name + ".part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    tmp.replace(path)
+    return token
 
 
 class View:
@@ -147,12 +165,31 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, code: str, message: str) -> None:
         self._send(status, {"error": {"message": message, "code": code}})
 
-    def _authorised(self) -> bool:
+    who = None  # the operator the request's token belongs to, once authorised
+
+    def identify(self, token: str | None) -> operators.Who | None:
+        """The operator a token belongs to: the bootstrap token or an operator's."""
+        try:
+            return operators.identify(token or "", self.token)
+        except Exception as e:  # the store is down: only the bootstrap token works
+            _log.warning("operators_unavailable", reason=str(e).strip()[:200])
+            return None
+
+    def _authorised(self, change: bool = False) -> bool:
         given = self.headers.get("Authorization", "")
-        if given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), self.token):
-            return True
-        self._error(401, "unauthorized", "missing or wrong admin token")
-        return False
+        who = self.identify(given[7:].strip()) if given.startswith("Bearer ") else None
+        if who is None:
+            self._error(401, "unauthorized", "missing or wrong admin token")
+            return False
+        if change and not who.may_change():
+            self._error(
+                403,
+                "forbidden",
+                f"operator '{who.name}' has the {who.role} role: changes need an admin token",
+            )
+            return False
+        self.who = who
+        return True
 
     def do_GET(self):
         url = urlsplit(self.path)
@@ -161,6 +198,10 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
+        if parts == ["v1", "operators"]:
+            return self._send(200, operators.listing())
+        if parts == ["v1", "whoami"]:
+            return self._send(200, {"name": self.who.name, "role": self.who.role})
         if registry.get(self, parts, url.query):
             return
         s = self.sched
@@ -257,10 +298,19 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def _change(self, action: str, target: str = "", **detail) -> None:
-        """Every change is logged and kept in the audit log: who (the actor the client
-        names, and its address), what, when. A store that cannot take the entry does
-        not undo the change; the log line still has it."""
-        actor = self.headers.get("X-Llmgw-Actor", "")[:200] or "unknown"
+        """Every change is logged and kept in the audit log: who (the operator whose
+        token it was, and the label the client sends, e.g. `user@host`, which only
+        says who typed it for the shared bootstrap token), from where, what, when. A
+        store that cannot take the entry does not undo the change; the log line still
+        has it."""
+        claimed = self.headers.get("X-Llmgw-Actor", "")[:200] or None
+        who = self.who
+        if who is None or who.bootstrap:
+            actor = claimed or operators.BOOTSTRAP
+            detail["token"] = "bootstrap"
+        else:
+            actor = who.name
+            detail["claimed"] = claimed
         client = self.client_address[0]
         _log.info("admin_change", action=action, target=target or None, actor=actor,
                   client=client, **detail)  # fmt: skip
@@ -314,6 +364,45 @@ class Handler(BaseHTTPRequestHandler):
         self._change("restart", ",".join(ids), in_place=in_place or None, **opts)
         self._send(202, {"queued": out})
 
+    def _operators_add(self) -> None:
+        body = self._body()
+        if body is None:
+            return
+        name, role = body.get("name"), body.get("role", operators.READ)
+        if not isinstance(name, str) or not isinstance(role, str):
+            return self._error(400, "invalid_value", "an operator needs a name and a role")
+        try:
+            op, token = operators.create(name, role)
+        except OperatorError as e:
+            status = 409 if "exists already" in str(e) else 400
+            return self._error(status, "invalid_operator", str(e))
+        self._change("operators.add", name, role=role)
+        self._send(201, {**op, "token": token})
+
+    def _operators_remove(self, name: str) -> None:
+        try:
+            operators.remove(name)
+        except OperatorError as e:
+            return self._error(404, "operator_not_found", str(e))
+        self._change("operators.remove", name)
+        self._send(200, {"name": name, "removed": True})
+
+    def _rotate_token(self) -> None:
+        """A new bootstrap token for this scheduler; the old one stops working now."""
+        if self.cfg is None or self.cfg.scheduler.admin_token:
+            return self._error(
+                409,
+                "token_in_config",
+                "scheduler.admin_token is set in the config: change it there and restart",
+            )
+        try:
+            token = rotate_admin_token(self.cfg)
+        except OSError as e:
+            return self._error(500, "token_not_written", f"cannot write the new token: {e}")
+        type(self).token = token  # the bound handler class: every later request
+        self._change("admin_token.rotate", self.sched.name)
+        self._send(200, {"scheduler": self.sched.name, "token": token})
+
     def _standby(self) -> bool:
         """Answer a change sent to a standby with who leads; True if it was."""
         s = self.sched
@@ -333,9 +422,11 @@ class Handler(BaseHTTPRequestHandler):
         return True
 
     def do_DELETE(self):
-        if not self._authorised() or self._standby():
+        if not self._authorised(change=True) or self._standby():
             return
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+        if len(parts) == 3 and parts[:2] == ["v1", "operators"]:
+            return self._operators_remove(parts[2])
         s = self.sched
         if len(parts) == 3 and parts[:2] == ["v1", "models"]:
             with s.lock:
@@ -350,9 +441,15 @@ class Handler(BaseHTTPRequestHandler):
         self._error(404, "not_found", f"no such endpoint: DELETE {self.path}")
 
     def do_POST(self):
-        if not self._authorised() or self._standby():
+        if not self._authorised(change=True):
             return
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+        if parts == ["v1", "admin-token", "rotate"]:
+            return self._rotate_token()  # this scheduler's own file: a standby's too
+        if self._standby():
+            return
+        if parts == ["v1", "operators"]:
+            return self._operators_add()
         if registry.post(self, parts):
             return
         s = self.sched

@@ -7,7 +7,6 @@ of the address bar, the history and the Referer. `render` is pure (view data and
 time in, HTML out); `serve` is the HTTP edge.
 """
 
-import hmac
 import ssl
 import time
 from html import escape
@@ -209,16 +208,12 @@ UNAUTHORISED = f"""<!doctype html>
 <p>This page needs the scheduler's admin token. Open it once as
 <code>/status?token=TOKEN</code>: the browser keeps the token in a cookie and the address
 bar drops it.</p>
-<p>The token is <code>scheduler.admin_token</code> in the scheduler's config or, when that
-is not set, the file <code>&lt;config_dir&gt;/secrets/admin.token</code>
+<p>The token is an operator's (<code>llmgw operators add NAME</code>), or the bootstrap
+token: <code>scheduler.admin_token</code> in the scheduler's config or, when that is
+not set, the file <code>&lt;config_dir&gt;/secrets/admin.token</code>
 (<code>/etc/llmgw/secrets/admin.token</code> by default) on the scheduler's machine.</p>
 </body></html>
 """
-
-
-def _matches(given: str | None, token: str) -> bool:
-    # Bytes: compare_digest refuses str with non-ASCII characters, which a URL can carry.
-    return bool(given) and bool(token) and hmac.compare_digest(given.encode(), token.encode())
 
 
 def _cookie(handler) -> str | None:
@@ -244,14 +239,13 @@ def _send(handler, status: int, body: str = "", headers: dict | None = None) -> 
 
 def serve(handler, url) -> None:
     """Answer GET / or /status on the admin API's handler (authentication included)."""
-    token = handler.token
     query = parse_qsl(url.query, keep_blank_values=True)
     given = [v for k, v in query if k == "token"]
     if given:
-        if not _matches(given[-1], token):
+        if handler.identify(given[-1]) is None:
             return _send(handler, 401, UNAUTHORISED)
         jar = SimpleCookie()
-        jar[COOKIE] = token
+        jar[COOKIE] = given[-1]
         jar[COOKIE].update({"httponly": True, "samesite": "Strict", "path": "/"})
         if isinstance(handler.connection, ssl.SSLSocket):
             jar[COOKIE]["secure"] = True
@@ -264,8 +258,8 @@ def serve(handler, url) -> None:
         )
     bearer = handler.headers.get("Authorization", "")
     if not (
-        (bearer.startswith("Bearer ") and _matches(bearer[7:].strip(), token))
-        or _matches(_cookie(handler), token)
+        (bearer.startswith("Bearer ") and handler.identify(bearer[7:].strip()))
+        or handler.identify(_cookie(handler))
     ):
         return _send(handler, 401, UNAUTHORISED)
 

@@ -22,6 +22,7 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     Lease,
     MeasuredCapacity,
     ModelScale,
+    Operator,
     ParkedModel,
     ReplicaIntent,
     RuntimeModel,

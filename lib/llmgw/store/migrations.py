@@ -61,6 +61,18 @@ def m008_leadership(db: peewee.Database) -> None:
     db.create_tables([m.Lease, m.SchedulerSeen, m.ReplicaIntent])
 
 
+def m009_operators(db: peewee.Database) -> None:
+    # Spelled out, not create_tables(): a migration must not change when the model does.
+    db.execute_sql(
+        "CREATE TABLE operators ("
+        " name VARCHAR(100) NOT NULL PRIMARY KEY,"
+        " role VARCHAR(16) NOT NULL,"
+        " token_hash VARCHAR(64) NOT NULL,"
+        " created_at DOUBLE PRECISION NOT NULL)"
+    )
+    db.execute_sql("CREATE UNIQUE INDEX operators_token_hash ON operators (token_hash)")
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -70,6 +82,7 @@ MIGRATIONS = [
     m006_audit_log,
     m007_tenancy,
     m008_leadership,
+    m009_operators,
 ]
 
 

@@ -217,6 +217,19 @@ class ReplicaIntent(BaseModel):
         table_name = "replica_intents"
 
 
+class Operator(BaseModel):
+    """A person's (or a script's) admin API token, with a role (m009). Only the SHA-256
+    of the token is kept; the token is shown once."""
+
+    name = peewee.CharField(primary_key=True, max_length=100)
+    role = peewee.CharField(max_length=16)  # "read" or "admin"
+    token_hash = peewee.CharField(max_length=64, unique=True)
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "operators"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,

@@ -7,10 +7,20 @@ import json
 import shutil
 from pathlib import Path
 
+import peewee
 import psycopg2
 import pytest
 
-from llmgw.store import ALL_MODELS, ApiKey, AuditEntry, Usage, migrate, open_store, pending
+from llmgw.store import (
+    ALL_MODELS,
+    ApiKey,
+    AuditEntry,
+    Usage,
+    migrate,
+    migrations,
+    open_store,
+    pending,
+)
 from llmgw.store.migrations import MIGRATIONS
 from llmgw.store.tenancy import TABLES
 from tests.conftest import POSTGRES, _drop_pg_database, _fresh_pg_database
@@ -98,3 +108,31 @@ def test_every_model_field_is_a_column_of_its_table_with_the_same_nullability(st
         assert set(columns) == set(fields), model.__name__
         for name, field in fields.items():
             assert ("NOT NULL" in columns[name]) == (not field.null), f"{model.__name__}.{name}"
+
+
+def test_the_migrations_never_touch_the_query_models():
+    """The DDL is written out in migrations.py: editing a model cannot change what an
+    old migration creates."""
+    text = Path(migrations.__file__).read_text()
+    assert "create_tables" not in text
+    assert "llmgw.store.models" not in text and "llmgw.store import" not in text
+
+
+def test_a_migration_that_fails_leaves_nothing_half_applied(store_url, monkeypatch):
+    def m999_broken(db):
+        migrations.run(
+            db,
+            "CREATE TABLE half_made (id INTEGER)",
+            "ALTER TABLE api_keys ADD COLUMN half_added INTEGER",
+            "SELECT * FROM no_such_table",
+        )
+
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*MIGRATIONS, m999_broken])
+    db = open_store(store_url)
+    with pytest.raises(peewee.DatabaseError, match="no_such_table"):
+        migrate(db)
+    assert pending(db) == ["m999_broken"]
+    tables = describe(db)["tables"]
+    assert "half_made" not in tables
+    assert "half_added" not in tables["api_keys"]["columns"]
+    db.close()

@@ -1,64 +1,321 @@
 """Numbered migrations, applied in order and recorded in `llmgw_migrations`.
 
-A migration is a function `mNNN_name(db)`; add new ones at the end of MIGRATIONS and
-never edit one that has shipped. Each runs in a transaction with its record, so a
-failed migration leaves nothing half-applied (on PostgreSQL; SQLite DDL is
-transactional too).
+Each migration spells out its own DDL and imports no model. The models (models.py,
+tenancy.py) are how today's code queries the tables; a migration is what it did to
+them when it shipped. Built from the models, m001 would create today's tables, and
+the next model edit would make a fresh store and an upgraded one differ.
+
+To add one: write `mNNN_name(db)` at the end of this file with its DDL, append it to
+MIGRATIONS, change the model to match, then run `python -m tests.store_schema` and
+review the diff it makes to tests/fixtures/store_schema.json. Never edit a migration
+that has shipped. tests/unit/test_migrations.py checks that a store saved at m006
+upgrades to exactly the schema of a fresh one, and that every model field is a column.
+
+DDL is written once, with placeholders for what the backends spell differently:
+{DOUBLE}, {BIGINT}, {BOOL}, and {BIGAUTO} (a 64-bit auto-increment primary key).
+Where a change itself differs (SQLite adds a NOT NULL column only by rebuilding the
+table), the migration branches on `is_postgres(db)`. Each migration runs in a
+transaction with its record, so a failed one leaves nothing half-applied (DDL is
+transactional on both backends).
 """
 
 import time
 
 import peewee
 
-from llmgw.store import models as m
+TYPES = {
+    "sqlite": {
+        "DOUBLE": "REAL",
+        "BIGINT": "INTEGER",
+        "BOOL": "INTEGER",
+        "BIGAUTO": "INTEGER NOT NULL PRIMARY KEY",
+    },
+    "postgresql": {
+        "DOUBLE": "DOUBLE PRECISION",
+        "BIGINT": "BIGINT",
+        "BOOL": "BOOLEAN",
+        "BIGAUTO": "BIGSERIAL NOT NULL PRIMARY KEY",
+    },
+}
+
+
+def is_postgres(db: peewee.Database) -> bool:
+    return isinstance(db, peewee.PostgresqlDatabase)
+
+
+def run(db: peewee.Database, *statements: str) -> None:
+    """Execute each statement with the backend's types filled in."""
+    types = TYPES["postgresql" if is_postgres(db) else "sqlite"]
+    for sql in statements:
+        db.execute_sql(sql.format(**types))
 
 
 def m001_initial(db: peewee.Database) -> None:
-    db.create_tables([m.ApiKey, m.Usage])
+    run(
+        db,
+        """CREATE TABLE api_keys (
+            id VARCHAR(32) NOT NULL PRIMARY KEY,
+            name VARCHAR(200) NOT NULL,
+            secret_hash VARCHAR(64) NOT NULL,
+            prefix VARCHAR(32) NOT NULL,
+            models TEXT NOT NULL,
+            created_at {DOUBLE} NOT NULL,
+            expires_at {DOUBLE},
+            revoked_at {DOUBLE},
+            updated_at {DOUBLE} NOT NULL)""",
+        "CREATE UNIQUE INDEX apikey_secret_hash ON api_keys (secret_hash)",
+        "CREATE INDEX apikey_updated_at ON api_keys (updated_at)",
+        """CREATE TABLE usage (
+            id {BIGAUTO},
+            at {DOUBLE} NOT NULL,
+            request_id VARCHAR(64) NOT NULL,
+            key_id VARCHAR(32),
+            model VARCHAR(200) NOT NULL,
+            served_model VARCHAR(200),
+            endpoint VARCHAR(200),
+            prompt_tokens INTEGER NOT NULL,
+            completion_tokens INTEGER NOT NULL,
+            status INTEGER NOT NULL,
+            latency_ms {DOUBLE} NOT NULL,
+            ttft_ms {DOUBLE})""",
+        "CREATE INDEX usage_at ON usage (at)",
+        "CREATE INDEX usage_key_id ON usage (key_id)",
+    )
 
 
 def m002_scheduler(db: peewee.Database) -> None:
-    db.create_tables([m.BusPeer, m.ClusterSecret, m.MeasuredCapacity])
+    run(
+        db,
+        """CREATE TABLE bus_peers (
+            name VARCHAR(200) NOT NULL PRIMARY KEY,
+            kind VARCHAR(16) NOT NULL,
+            public_key VARCHAR(40) NOT NULL,
+            created_at {DOUBLE} NOT NULL)""",
+        "CREATE UNIQUE INDEX buspeer_public_key ON bus_peers (public_key)",
+        """CREATE TABLE cluster_secrets (
+            name VARCHAR(100) NOT NULL PRIMARY KEY,
+            value VARCHAR(200) NOT NULL,
+            created_at {DOUBLE} NOT NULL)""",
+        """CREATE TABLE measured_capacity (
+            model VARCHAR(200) NOT NULL,
+            profile VARCHAR(64) NOT NULL,
+            memory_bytes {BIGINT} NOT NULL,
+            samples INTEGER NOT NULL,
+            updated_at {DOUBLE} NOT NULL,
+            PRIMARY KEY (model, profile))""",
+    )
 
 
 def m003_parking(db: peewee.Database) -> None:
-    db.create_tables([m.ParkedModel])
+    run(
+        db,
+        """CREATE TABLE parked_models (
+            model VARCHAR(200) NOT NULL PRIMARY KEY,
+            profile VARCHAR(64) NOT NULL,
+            reason TEXT NOT NULL,
+            failures INTEGER NOT NULL,
+            parked_at {DOUBLE} NOT NULL)""",
+    )
 
 
 def m004_drains(db: peewee.Database) -> None:
-    db.create_tables([m.DrainedNode])
+    run(
+        db,
+        """CREATE TABLE drained_nodes (
+            name VARCHAR(200) NOT NULL PRIMARY KEY,
+            since {DOUBLE} NOT NULL)""",
+    )
 
 
 def m005_runtime_models(db: peewee.Database) -> None:
-    db.create_tables([m.RuntimeModel, m.ModelScale])
+    run(
+        db,
+        """CREATE TABLE runtime_models (
+            name VARCHAR(200) NOT NULL PRIMARY KEY,
+            definition TEXT NOT NULL,
+            created_at {DOUBLE} NOT NULL)""",
+        """CREATE TABLE model_scale (
+            name VARCHAR(200) NOT NULL PRIMARY KEY,
+            min INTEGER NOT NULL,
+            max INTEGER NOT NULL,
+            updated_at {DOUBLE} NOT NULL)""",
+    )
 
 
 def m006_audit_log(db: peewee.Database) -> None:
-    db.create_tables([m.AuditEntry])
+    run(
+        db,
+        """CREATE TABLE audit_log (
+            id {BIGAUTO},
+            at {DOUBLE} NOT NULL,
+            actor VARCHAR(200) NOT NULL,
+            client VARCHAR(100) NOT NULL,
+            action VARCHAR(64) NOT NULL,
+            target VARCHAR(300) NOT NULL,
+            detail TEXT NOT NULL)""",
+        "CREATE INDEX auditentry_at ON audit_log (at)",
+    )
 
 
 def m007_tenancy(db: peewee.Database) -> None:
     """Orgs, teams, projects and users; limits and budgets and the routers' counters;
     who each key and usage row belongs to; daily usage rollups."""
-    from playhouse.migrate import SchemaMigrator, migrate
-
-    from llmgw.store import tenancy as t
-
-    db.create_tables(t.TABLES)
-    # m001 creates api_keys and usage from today's models, which have these columns
-    # already; a store made before m007 gets them added.
-    mig = SchemaMigrator.from_database(db)
-    adds = []
-    for model, fields in ((m.ApiKey, ("user", "project", "band")),
-                          (m.Usage, ("user", "project", "team", "org", "cost"))):  # fmt: skip
-        table = model._meta.table_name
-        have = {c.name for c in db.get_columns(table)}
-        adds += [mig.add_column(table, f, getattr(model, f)) for f in fields if f not in have]
-    migrate(*adds)
+    run(
+        db,
+        """CREATE TABLE orgs (
+            name VARCHAR(200) NOT NULL PRIMARY KEY,
+            created_at {DOUBLE} NOT NULL,
+            updated_at {DOUBLE} NOT NULL)""",
+        "CREATE INDEX org_updated_at ON orgs (updated_at)",
+        """CREATE TABLE teams (
+            name VARCHAR(200) NOT NULL PRIMARY KEY,
+            org VARCHAR(200) NOT NULL,
+            created_at {DOUBLE} NOT NULL,
+            updated_at {DOUBLE} NOT NULL)""",
+        "CREATE INDEX team_org ON teams (org)",
+        "CREATE INDEX team_updated_at ON teams (updated_at)",
+        """CREATE TABLE projects (
+            name VARCHAR(200) NOT NULL PRIMARY KEY,
+            org VARCHAR(200) NOT NULL,
+            team VARCHAR(200),
+            band VARCHAR(32) NOT NULL,
+            created_at {DOUBLE} NOT NULL,
+            updated_at {DOUBLE} NOT NULL)""",
+        "CREATE INDEX project_org ON projects (org)",
+        "CREATE INDEX project_updated_at ON projects (updated_at)",
+        """CREATE TABLE users (
+            name VARCHAR(200) NOT NULL PRIMARY KEY,
+            org VARCHAR(200) NOT NULL,
+            team VARCHAR(200),
+            created_at {DOUBLE} NOT NULL,
+            updated_at {DOUBLE} NOT NULL)""",
+        "CREATE INDEX user_org ON users (org)",
+        "CREATE INDEX user_updated_at ON users (updated_at)",
+        """CREATE TABLE limits (
+            scope VARCHAR(16) NOT NULL,
+            subject VARCHAR(200) NOT NULL,
+            rpm {BIGINT},
+            tpm {BIGINT},
+            concurrent INTEGER,
+            updated_at {DOUBLE} NOT NULL,
+            PRIMARY KEY (scope, subject))""",
+        "CREATE INDEX limit_updated_at ON limits (updated_at)",
+        """CREATE TABLE budgets (
+            scope VARCHAR(16) NOT NULL,
+            subject VARCHAR(200) NOT NULL,
+            period VARCHAR(8) NOT NULL,
+            tokens {BIGINT},
+            cost {DOUBLE},
+            updated_at {DOUBLE} NOT NULL,
+            PRIMARY KEY (scope, subject, period))""",
+        "CREATE INDEX budget_updated_at ON budgets (updated_at)",
+        """CREATE TABLE limit_windows (
+            counter VARCHAR(300) NOT NULL,
+            "window" {BIGINT} NOT NULL,
+            leased {BIGINT} NOT NULL,
+            granted {BIGINT} NOT NULL,
+            ends_at {DOUBLE} NOT NULL,
+            PRIMARY KEY (counter, "window"))""",
+        "CREATE INDEX limitwindow_ends_at ON limit_windows (ends_at)",
+        """CREATE TABLE concurrency_holds (
+            counter VARCHAR(300) NOT NULL,
+            holder VARCHAR(100) NOT NULL,
+            slots INTEGER NOT NULL,
+            expires_at {DOUBLE} NOT NULL,
+            PRIMARY KEY (counter, holder))""",
+        """CREATE TABLE usage_daily (
+            id {BIGAUTO},
+            day {DOUBLE} NOT NULL,
+            key_id VARCHAR(32),
+            "user" VARCHAR(200),
+            project VARCHAR(200),
+            team VARCHAR(200),
+            org VARCHAR(200),
+            model VARCHAR(200) NOT NULL,
+            served_model VARCHAR(200),
+            requests {BIGINT} NOT NULL,
+            errors {BIGINT} NOT NULL,
+            prompt_tokens {BIGINT} NOT NULL,
+            completion_tokens {BIGINT} NOT NULL,
+            cost {DOUBLE})""",
+        "CREATE INDEX usagedaily_day ON usage_daily (day)",
+        """CREATE TABLE usage_days (
+            day {DOUBLE} NOT NULL PRIMARY KEY,
+            rolled_at {DOUBLE} NOT NULL,
+            "rows" {BIGINT} NOT NULL,
+            pruned {BOOL} NOT NULL)""",
+        # Attribution on each usage row, as the key's tenancy was when the request came.
+        'ALTER TABLE usage ADD COLUMN "user" VARCHAR(200)',
+        "ALTER TABLE usage ADD COLUMN project VARCHAR(200)",
+        "ALTER TABLE usage ADD COLUMN team VARCHAR(200)",
+        "ALTER TABLE usage ADD COLUMN org VARCHAR(200)",
+        "ALTER TABLE usage ADD COLUMN cost {DOUBLE}",
+    )
+    # Keys gain a user, a project and a band; existing keys get no user and band "".
+    # band ends NOT NULL with no default in the schema (the model supplies ""), as it
+    # was before this rewrite: PostgreSQL fills existing rows through a default, then
+    # drops it.
+    if is_postgres(db):
+        run(
+            db,
+            'ALTER TABLE api_keys ADD COLUMN "user" VARCHAR(200)',
+            "ALTER TABLE api_keys ADD COLUMN project VARCHAR(200)",
+            "ALTER TABLE api_keys ADD COLUMN band VARCHAR(32) NOT NULL DEFAULT ''",
+            "ALTER TABLE api_keys ALTER COLUMN band DROP DEFAULT",
+        )
+        return
+    # SQLite cannot add a NOT NULL column without a default, nor drop a default: the
+    # table is rebuilt (https://www.sqlite.org/lang_altertable.html#otheralter).
+    run(
+        db,
+        """CREATE TABLE api_keys_m007 (
+            id VARCHAR(32) NOT NULL PRIMARY KEY,
+            name VARCHAR(200) NOT NULL,
+            secret_hash VARCHAR(64) NOT NULL,
+            prefix VARCHAR(32) NOT NULL,
+            models TEXT NOT NULL,
+            created_at {DOUBLE} NOT NULL,
+            expires_at {DOUBLE},
+            revoked_at {DOUBLE},
+            updated_at {DOUBLE} NOT NULL,
+            "user" VARCHAR(200),
+            project VARCHAR(200),
+            band VARCHAR(32) NOT NULL)""",
+        """INSERT INTO api_keys_m007
+            SELECT id, name, secret_hash, prefix, models, created_at, expires_at,
+                   revoked_at, updated_at, NULL, NULL, '' FROM api_keys""",
+        "DROP TABLE api_keys",
+        "ALTER TABLE api_keys_m007 RENAME TO api_keys",
+        "CREATE UNIQUE INDEX apikey_secret_hash ON api_keys (secret_hash)",
+        "CREATE INDEX apikey_updated_at ON api_keys (updated_at)",
+    )
 
 
 def m008_leadership(db: peewee.Database) -> None:
-    db.create_tables([m.Lease, m.SchedulerSeen, m.ReplicaIntent])
+    run(
+        db,
+        """CREATE TABLE leader_lease (
+            id INTEGER NOT NULL PRIMARY KEY,
+            holder VARCHAR(300) NOT NULL,
+            name VARCHAR(200) NOT NULL,
+            admin_url VARCHAR(300) NOT NULL,
+            epoch {BIGINT} NOT NULL,
+            acquired_at {DOUBLE} NOT NULL,
+            expires_at {DOUBLE} NOT NULL)""",
+        """CREATE TABLE schedulers (
+            name VARCHAR(200) NOT NULL PRIMARY KEY,
+            holder VARCHAR(300) NOT NULL,
+            role VARCHAR(16) NOT NULL,
+            admin_url VARCHAR(300) NOT NULL,
+            seen_at {DOUBLE} NOT NULL)""",
+        """CREATE TABLE replica_intents (
+            id VARCHAR(64) NOT NULL PRIMARY KEY,
+            model VARCHAR(200) NOT NULL,
+            node VARCHAR(200) NOT NULL,
+            profile VARCHAR(64) NOT NULL,
+            epoch {BIGINT} NOT NULL,
+            created_at {DOUBLE} NOT NULL)""",
+    )
 
 
 def m009_operators(db: peewee.Database) -> None:
@@ -87,8 +344,13 @@ MIGRATIONS = [
 
 
 def _applied(db: peewee.Database) -> set[str]:
-    db.create_tables([m.Migration], safe=True)
-    return {row.name for row in m.Migration.select(m.Migration.name)}
+    run(
+        db,
+        """CREATE TABLE IF NOT EXISTS llmgw_migrations (
+            name VARCHAR(255) NOT NULL PRIMARY KEY,
+            applied_at {DOUBLE} NOT NULL)""",
+    )
+    return {name for (name,) in db.execute_sql("SELECT name FROM llmgw_migrations")}
 
 
 def pending(db: peewee.Database) -> list[str]:
@@ -100,11 +362,12 @@ def migrate(db: peewee.Database) -> list[str]:
     """Apply every pending migration; return the names applied."""
     done = _applied(db)
     applied = []
+    record = f"INSERT INTO llmgw_migrations (name, applied_at) VALUES ({db.param}, {db.param})"
     for step in MIGRATIONS:
         if step.__name__ in done:
             continue
         with db.atomic():
             step(db)
-            m.Migration.create(name=step.__name__, applied_at=time.time())
+            db.execute_sql(record, (step.__name__, time.time()))
         applied.append(step.__name__)
     return applied

@@ -319,15 +319,15 @@ def m008_leadership(db: peewee.Database) -> None:
 
 
 def m009_operators(db: peewee.Database) -> None:
-    # Spelled out, not create_tables(): a migration must not change when the model does.
-    db.execute_sql(
-        "CREATE TABLE operators ("
-        " name VARCHAR(100) NOT NULL PRIMARY KEY,"
-        " role VARCHAR(16) NOT NULL,"
-        " token_hash VARCHAR(64) NOT NULL,"
-        " created_at DOUBLE PRECISION NOT NULL)"
+    run(
+        db,
+        """CREATE TABLE operators (
+            name VARCHAR(100) NOT NULL PRIMARY KEY,
+            role VARCHAR(16) NOT NULL,
+            token_hash VARCHAR(64) NOT NULL,
+            created_at {DOUBLE} NOT NULL)""",
+        "CREATE UNIQUE INDEX operators_token_hash ON operators (token_hash)",
     )
-    db.execute_sql("CREATE UNIQUE INDEX operators_token_hash ON operators (token_hash)")
 
 
 MIGRATIONS = [

@@ -301,3 +301,10 @@ def test_logs_shows_what_an_engine_wrote_through_its_agent(served):
     assert missing.returncode == 1 and "no shard r-nope" in missing.stderr
     gone = served.ctl("logs", "node-z", "--shard", shard["id"])
     assert gone.returncode == 1 and "node 'node-z' is not connected" in gone.stderr
+    # A replica id alone is enough: it is unique, and its node is looked up.
+    by_id = served.ctl("logs", shard["id"], "--lines", "5")
+    assert by_id.returncode == 0, by_id.stderr
+    assert by_id.stdout == result.stdout
+    unknown = served.ctl("logs", "r-nope")
+    assert unknown.returncode == 1 and "llmgw logs NODE --shard r-nope" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1

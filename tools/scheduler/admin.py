@@ -7,13 +7,15 @@ on the next pass (a queued change is not an error).
 
 import hmac
 import json
+import os
 import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from llmgw import audit, lease, log
+from llmgw import audit, dirs, lease, log
+from llmgw.dirs import DirError
 from llmgw.errors import ConfigError
 from llmgw.placement import place
 from llmgw.store import BusPeer
@@ -32,13 +34,20 @@ def admin_token(cfg) -> str:
         return cfg.scheduler.admin_token
     path = Path(cfg.paths.config_dir) / "secrets" / "admin.token"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        dirs.writable(path.parent, "the admin token")
         tmp = path.with_name(path.name + ".part")
-        tmp.write_text(secrets.token_urlsafe(32) + "\n")
-        tmp.chmod(0o600)
-        tmp.rename(path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+            tmp.rename(path)
+        except OSError as e:
+            raise dirs.cannot_write(path.parent, e, "the admin token") from None
         _log.info("admin_token_created", path=path)
-    return path.read_text().strip()
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise DirError(f"cannot read the admin token {path}: {e.strerror}") from None
 
 
 class View:

@@ -36,13 +36,14 @@ class BusError(Error):
 def create_keypair(directory: Path, name: str) -> str:
     """Create NAME.key / NAME.key_secret in `directory` unless present; return the public key."""
     secret_file = directory / f"{name}.key_secret"
-    if not secret_file.exists():
-        dirs.writable(directory, f"the CURVE keypair {name}.key*")
-        try:
+    what = f"the CURVE keypair {name}.key*"
+    try:
+        if not secret_file.exists():
+            dirs.writable(directory, what)
             zmq.auth.create_certificates(str(directory), name)
             secret_file.chmod(0o600)
-        except OSError as e:
-            raise dirs.cannot_write(directory, e, f"the CURVE keypair {name}.key*") from None
+    except OSError as e:  # a directory it may not even enter, or a file it may not write
+        raise dirs.cannot_write(directory, e, what) from None
     return load_public(directory, name)
 
 

@@ -478,3 +478,21 @@ def test_certmon_without_its_pki_directory_says_so_in_one_line(tree):
     certmon = [str(BIN / "llmgw-certmon"), "--config", str(tree.config), "init-ca"]
     result = Sandbox(tree, "llmgw-certmon-renew.service").run(certmon)
     one_line_naming(result, tree.at("/etc/llmgw/pki"))
+
+
+def test_nodes_add_on_a_key_directory_the_scheduler_may_not_write_says_so_in_one_line(
+    control_plane,
+):
+    tree, _, scheduler = control_plane
+    curve = tree.at("/etc/llmgw/pki/curve")
+    os.chown(curve, 0, 0)  # as if copied in by root
+    env = {k: v for k, v in os.environ.items() if k != "LLMGW_STORE"}
+    result = subprocess.run(
+        [str(BIN / "llmgw"), "--config", str(tree.config), "nodes", "add", "gpu-02"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    line = one_line_naming(result, curve)
+    assert "Permission denied" in line and "CURVE keypair" in line
+    assert "Traceback" not in scheduler.log()

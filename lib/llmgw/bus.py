@@ -19,6 +19,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from llmgw import dirs
 from llmgw.errors import Error
 
 VERSION = 1
@@ -34,11 +35,15 @@ class BusError(Error):
 
 def create_keypair(directory: Path, name: str) -> str:
     """Create NAME.key / NAME.key_secret in `directory` unless present; return the public key."""
-    directory.mkdir(parents=True, exist_ok=True)
     secret_file = directory / f"{name}.key_secret"
-    if not secret_file.exists():
-        zmq.auth.create_certificates(str(directory), name)
-        secret_file.chmod(0o600)
+    what = f"the CURVE keypair {name}.key*"
+    try:
+        if not secret_file.exists():
+            dirs.writable(directory, what)
+            zmq.auth.create_certificates(str(directory), name)
+            secret_file.chmod(0o600)
+    except OSError as e:  # a directory it may not even enter, or a file it may not write
+        raise dirs.cannot_write(directory, e, what) from None
     return load_public(directory, name)
 
 

@@ -8,7 +8,7 @@ the operator or written by `llmgw nodes add NAME --out DIR`.
 import time
 from pathlib import Path
 
-from llmgw import bus
+from llmgw import bus, dirs
 from llmgw.errors import Error
 from llmgw.store import BusPeer
 
@@ -32,6 +32,8 @@ def register(keys_dir: Path, name: str, kind: str, now: float | None = None) -> 
     try:
         bus.create_keypair(keys_dir, bus.SCHEDULER)  # agents and routers need its public key
         public = bus.create_keypair(keys_dir, name)
+    except dirs.DirError as e:  # names the directory and the fix already
+        raise PeerError(str(e)) from None
     except (OSError, bus.BusError) as e:
         raise PeerError(f"cannot write keys under {keys_dir}: {e}") from None
     existing = BusPeer.get_or_none(BusPeer.name == name)

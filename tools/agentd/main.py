@@ -5,11 +5,12 @@ import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 
 import click
 from prometheus_client import start_http_server
 
-from llmgw import bus, cli, log
+from llmgw import bus, cli, dirs, log
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw_agentd.agent import Agent
@@ -37,6 +38,8 @@ def main(config_path):
         name = cfg.agent.name or socket.gethostname()
         keys = bus.load_keypair(cfg.curve_dir(), name)
         scheduler_public = bus.load_public(cfg.curve_dir(), bus.SCHEDULER)
+        # Engines, weights, logs and the replicas' state files: the unit's StateDirectory.
+        dirs.writable(Path(cfg.paths.state_dir), "the agent's state")
     except Error as e:
         raise click.ClickException(str(e)) from None
     if not cfg.agent.schedulers:

@@ -10,6 +10,7 @@ from pathlib import Path
 from llmgw import __version__, log
 from llmgw import backups as archive
 from llmgw.config import Config
+from llmgw.dirs import identity, writable
 from llmgw.store import redact
 from llmgw_backup import bundle, stores
 from llmgw_backup.errors import BackupError
@@ -63,15 +64,13 @@ def backup(cfg: Config, directory: Path, keep: int, now: datetime | None = None)
 
 def ensure_dir(directory: Path) -> None:
     """Make the backup directory, listable (0755): the archives in it are 0600 themselves."""
-    if directory.is_dir():
-        return
-    try:
-        directory.mkdir(parents=True)
-        os.chmod(directory, 0o755)
-    except FileExistsError:  # another run made it
-        return
-    except OSError as e:
-        raise BackupError(f"cannot make {directory}: {e.strerror}") from None
+    made = not directory.is_dir()
+    writable(directory, "archives")
+    if made:
+        try:
+            os.chmod(directory, 0o755)
+        except OSError:  # another run, as another user, made it a moment ago
+            pass
 
 
 def config_members(config_dir: Path, skip: set[Path]) -> list[bundle.Member]:
@@ -103,7 +102,11 @@ def config_members(config_dir: Path, skip: set[Path]) -> list[bundle.Member]:
                 data = path.read_bytes()
                 st = path.stat()
             except OSError as e:
-                raise BackupError(f"cannot read {path}: {e.strerror}") from None
+                fix = ""
+                if isinstance(e, PermissionError):
+                    user, group = identity()
+                    fix = f" (it runs as {user}: `chgrp {group} {path} && chmod g+r {path}`)"
+                raise BackupError(f"cannot read {path}: {e.strerror}{fix}") from None
             members.append(
                 bundle.Member(
                     _inside(config_dir, path),

@@ -16,6 +16,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from llmgw import config as configmod
+from llmgw import dirs
 from llmgw_certmon import certs
 from llmgw_certmon.errors import CertmonError, ExistsError, NoCAError, ReadError
 
@@ -101,10 +102,15 @@ class PkiDir:
         return self.path / f"{name}.crt"
 
     def ensure(self) -> None:
+        dirs.writable(self.path, "certificates")
+
+    def _write_pair(self, name: str, issued: certs.Issued, replace: bool = True) -> None:
+        self.ensure()
         try:
-            self.path.mkdir(mode=0o750, parents=True, exist_ok=True)
+            write_atomic(self.key_path(name), issued.key_pem, 0o600, replace=replace)
+            write_atomic(self.cert_path(name), issued.cert_pem, 0o644, replace=replace)
         except OSError as e:
-            raise CertmonError(f"cannot create {self.path}: {e.strerror}") from None
+            raise dirs.cannot_write(self.path, e, f"{name}.key and {name}.crt") from None
 
     def has_ca(self) -> bool:
         return self.cert_path(CA).exists() or self.key_path(CA).exists()
@@ -120,16 +126,12 @@ class PkiDir:
 
     def write_ca(self, issued: certs.Issued, replace: bool = False) -> None:
         """The key first: a ca.crt with no key beside it would be a CA nobody can use."""
-        self.ensure()
-        write_atomic(self.key_path(CA), issued.key_pem, 0o600, replace=replace)
-        write_atomic(self.cert_path(CA), issued.cert_pem, 0o644, replace=replace)
+        self._write_pair(CA, issued, replace=replace)
 
     def write(self, name: str, issued: certs.Issued) -> None:
         # Two renames cannot be one: a service that reloads between them sees a key that
         # does not match its certificate, fails to load, and must retry (not keep the old).
-        self.ensure()
-        write_atomic(self.key_path(name), issued.key_pem, 0o600)
-        write_atomic(self.cert_path(name), issued.cert_pem, 0o644)
+        self._write_pair(name, issued)
 
     def read_cert(self, name: str) -> x509.Certificate:
         path = self.cert_path(name)

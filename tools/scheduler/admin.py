@@ -13,7 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from llmgw import audit, lease, log, operators
+from llmgw import audit, dirs, lease, log, operators
+from llmgw.dirs import DirError
 from llmgw.errors import ConfigError, OperatorError
 from llmgw.placement import place
 from llmgw.store import BusPeer
@@ -34,7 +35,10 @@ def admin_token(cfg) -> str:
     if not path.exists():
         _write_token(path)
         _log.info("admin_token_created", path=path)
-    return path.read_text().strip()
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise DirError(f"cannot read the admin token {path}: {e.strerror}") from None
 
 
 def token_path(cfg) -> Path:
@@ -48,14 +52,18 @@ def rotate_admin_token(cfg) -> str:
 
 
 def _write_token(path: Path) -> str:
-    """A new token in `path`, 0600, replaced in one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """A new token in `path`, 0600, replaced in one rename; a directory the scheduler
+    cannot write is one line naming it and the fix (DirError)."""
+    dirs.writable(path.parent, "the admin token")
     token = secrets.token_urlsafe(32)
     tmp = path.with_name(path.name + ".part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    tmp.replace(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        tmp.replace(path)
+    except OSError as e:
+        raise dirs.cannot_write(path.parent, e, "the admin token") from None
     return token
 
 
@@ -397,7 +405,7 @@ class Handler(BaseHTTPRequestHandler):
             )
         try:
             token = rotate_admin_token(self.cfg)
-        except OSError as e:
+        except (OSError, DirError) as e:
             return self._error(500, "token_not_written", f"cannot write the new token: {e}")
         type(self).token = token  # the bound handler class: every later request
         self._change("admin_token.rotate", self.sched.name)

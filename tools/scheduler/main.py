@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from prometheus_client import start_http_server
 
-from llmgw import bus, catalog, cli, log, tls
+from llmgw import bus, catalog, cli, dirs, log, tls
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import ClusterSecret, migrate, open_store, redact
@@ -55,6 +55,10 @@ def main(config_path):
         keys_dir = cfg.curve_dir()
         bus.create_keypair(keys_dir, bus.SCHEDULER)
         keys = bus.load_keypair(keys_dir, bus.SCHEDULER)
+        # Made (or read) here, not where the port is bound: a token that cannot be
+        # written is its own error, not "cannot serve the admin API".
+        token = admin_token(cfg)
+        dirs.writable(Path(cfg.paths.state_dir), "the scheduler's state")
     except Error as e:
         raise click.ClickException(str(e)) from None
     log.setup("llmgw-scheduler", cfg.log.level)
@@ -82,9 +86,7 @@ def main(config_path):
             ssl_context = tls.server_context(
                 cfg.file(cfg.scheduler.admin_tls_cert), cfg.file(cfg.scheduler.admin_tls_key)
             )
-        admin = serve_admin(
-            sched, cfg.scheduler.admin_listen, admin_token(cfg), ssl_context, cfg=cfg
-        )
+        admin = serve_admin(sched, cfg.scheduler.admin_listen, token, ssl_context, cfg=cfg)
     except OSError as e:
         loop.close()
         leadership.stop()

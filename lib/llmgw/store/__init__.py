@@ -6,10 +6,12 @@
 
 import os
 import sys
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import peewee
 
+from llmgw import dirs
 from llmgw.errors import StoreError
 from llmgw.store.migrations import migrate, pending  # noqa: F401  (re-exported)
 from llmgw.store.models import (  # noqa: F401  (re-exported)
@@ -63,9 +65,8 @@ def open_store(url: str, create_dirs: bool = True) -> peewee.Database:
     """Open the store at `url` and bind the models to it (no migration)."""
     db = database_for(url)
     if isinstance(db, peewee.SqliteDatabase) and create_dirs:
-        from pathlib import Path
-
-        Path(db.database).parent.mkdir(parents=True, exist_ok=True)
+        # SQLite writes beside the file too (its -wal and -shm), even to read.
+        dirs.writable(Path(db.database).absolute().parent, "the SQLite store")
     try:
         db.connect(reuse_if_open=True)
     except peewee.OperationalError as e:

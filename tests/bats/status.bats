@@ -216,3 +216,10 @@ teardown_file() {
     llmgw models --json >/dev/null   # the file's token, as the CLI reads it
     [ "$(llmgw audit --action admin_token --json | jq -r '.[-1].action')" = admin_token.rotate ]
 }
+
+@test "nodes add says where the keys go on the node, not this machine's directory" {
+    run --separate-stderr llmgw nodes add gpu-02
+    [ "$status" -eq 0 ]
+    [[ "$stderr" == *"its keypair is $BATS_FILE_TMPDIR/etc/pki/curve/gpu-02.key_secret (on the scheduler's host)"* ]]
+    [[ "$stderr" == *"into the agent's <config_dir>/pki/curve/ (/etc/llmgw/pki/curve/ by default)"* ]]
+}

@@ -37,9 +37,11 @@ def _add(state, name: str, kind: str, as_json: bool, direct: bool, out: Path | N
     host = "here" if out is not None or direct else "on the scheduler's host"
     click.echo(f"{name}: registered; its keypair is {where / (name + '.key_secret')} ({host})",
                err=True)  # fmt: skip
+    # The node's own directory: this machine's config says nothing about the node's.
     click.echo(
-        f"copy that file and {where / 'scheduler.key'} to the {kind}'s"
-        f" {state.cfg.curve_dir()}/ (mode 0600)",
+        f"copy that file and {where / 'scheduler.key'} into the {kind}'s"
+        " <config_dir>/pki/curve/ (/etc/llmgw/pki/curve/ by default), owned by llmgw,"
+        " mode 0600",
         err=True,
     )
 

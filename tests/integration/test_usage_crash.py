@@ -4,11 +4,12 @@ start on the same store and spool writes each exactly once."""
 import collections
 import json
 import signal
+import subprocess
 import threading
 
 import requests
 
-from tests.helpers import eventually
+from tests.helpers import BIN, eventually, free_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
 CLIENTS = 8
@@ -111,3 +112,27 @@ def test_a_router_killed_under_load_loses_no_usage_row_and_doubles_none(
     # A row may say 200 for an answer whose last bytes the kill stopped: at most the
     # requests in flight then.
     assert len(set(ok) - load.complete) <= CLIENTS
+
+
+def test_a_second_router_on_a_spool_another_router_holds_refuses_to_start(
+    make_router, engine, tmp_path
+):
+    spool = tmp_path / "spool"
+    first = make_router([engine.url], usage_spool_dir=str(spool))
+    cfg = tmp_path / "second.toml"
+    cfg.write_text(
+        f'[router]\nlisten = "127.0.0.1:{free_port()}"\nusage_spool_dir = "{spool}"\n'
+        f'[[router.endpoints]]\nid = "e0"\nurl = "{engine.url}"\nmodels = ["m"]\n'
+    )
+    result = subprocess.run(
+        [str(BIN / "llmgw-router"), "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        f"Error: usage spool {spool} is in use by another router (pid {first.proc.p.pid}); "
+        "give each router its own router.usage_spool_dir"
+    ]
+    assert first.post("/v1/chat/completions", CHAT).status_code == 200  # undisturbed

@@ -288,6 +288,15 @@ def bar_check(results: list[Measured]) -> list[str]:
     for what, value, limit, unit, spec in checks:
         verdict = "n/a" if value is None else ("meets" if value <= limit else "MISSES")
         out.append(f"{what}: {fmt(value, spec)} {unit} (bar ≤{limit} {unit}): {verdict}")
+    nospool = next((m for m in results if m.name == "llmgw-nospool" and not m.skipped), None)
+    if nospool is not None and router.cpu_req_us and nospool.cpu_req_us:
+        on, off = router.cpu_req_us, nospool.cpu_req_us
+        line = f"CPU per request with the usage spool: {on:.0f} µs against {off:.0f} µs off, "
+        line += f"{on / off:.2f}×"
+        if router.cpu_stream_us and nospool.cpu_stream_us:
+            on, off = router.cpu_stream_us, nospool.cpu_stream_us
+            line += f"; per stream {on:.0f} µs against {off:.0f} µs, {on / off:.2f}×"
+        out.append(line)
     for name, what in (("llmgw+limits", "limits, budgets and a band on the key"),
                        ("llmgw+limits*5", "limits on every level as well")):  # fmt: skip
         limited = next((m for m in results if m.name == name and not m.skipped), None)
@@ -342,7 +351,8 @@ usage chunk and `[DONE]`), one target at a time, and every figure is compared
 with the direct baseline of the same run. `direct` is the engine itself; `nginx` a
 plain reverse proxy (1 worker, upstream keep-alive, `proxy_buffering off`); `litellm`
 LiteLLM's proxy with the engine as an `openai/` model; `llmgw` llmgw-router with API
-keys, usage recording into a SQLite store and Prometheus metrics on; `llmgw+limits`
+keys, usage recording into a SQLite store (through its spool on local disk) and
+Prometheus metrics on; `llmgw-nospool` the same with `router.usage_spool = false`; `llmgw+limits`
 the same router with the bench key belonging to a user and a project of an org, with
 rpm, tpm and concurrent limits, a token budget per day, a cost budget per month and a
 band on the key, and prices and slots on the model, all far above what the run uses,
@@ -464,7 +474,7 @@ def main() -> int:
         engine.start()
         bench = Bench(runner, load_cpu)
         kinds = [targets.Target, *(targets.PEERS[p] for p in args.peers), targets.Router,
-                 targets.LimitedRouter]  # fmt: skip
+                 targets.NoSpoolRouter, targets.LimitedRouter]  # fmt: skip
         if args.every_level:
             kinds.append(targets.EveryLevelRouter)
         for kind in kinds:

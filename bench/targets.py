@@ -395,7 +395,10 @@ class Router(Target):
         (work / "engine.key").write_text("bench-engine-key\n")
         config = work / "llmgw.toml"
         config.write_text(
-            ROUTER_CONF.format(port=self.port, engine=self.engine.url, model=MODEL) + self.extra
+            ROUTER_CONF.format(
+                port=self.port, engine=self.engine.url, model=MODEL, router_extra=self.router_extra
+            )
+            + self.extra  # fmt: skip
         )
         env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{self.db}")
         self.api_key = self.make_key(env)
@@ -407,6 +410,7 @@ class Router(Target):
         wait_ready(f"http://127.0.0.1:{self.port}/health", self.proc, self.log, 30, "llmgw-router")
 
     extra = ""  # more config after ROUTER_CONF
+    router_extra = ""  # more keys in its [router] section
 
     def llmgw(self, env: dict, *args: str) -> str:
         out = subprocess.run([str(VENV_BIN / "llmgw"), *args, "--store"], capture_output=True,
@@ -440,13 +444,24 @@ state_dir = "."
 
 [router]
 listen = "127.0.0.1:{port}"
-
+usage_spool_dir = "usage-spool"
+{router_extra}
 [[router.endpoints]]
 id = "fake"
 url = "{engine}"
 models = ["{model}"]
 key = "@engine.key"
 """
+
+
+class NoSpoolRouter(Router):
+    """The same router with its usage spool off (`router.usage_spool = false`): rows wait
+    in memory only, as before the spool. Measured right after `llmgw`, for the spool's
+    cost per request."""
+
+    name = "llmgw-nospool"
+    label = "llmgw-router with the usage spool off"
+    router_extra = "usage_spool = false\n"
 
 
 class LimitedRouter(Router):

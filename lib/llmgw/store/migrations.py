@@ -330,6 +330,16 @@ def m009_operators(db: peewee.Database) -> None:
     )
 
 
+def m010_usage_row_id(db: peewee.Database) -> None:
+    """usage.row_id, unique: each row's own id, so replaying a router's usage spool
+    after a crash inserts every row once."""
+    run(
+        db,
+        "ALTER TABLE usage ADD COLUMN row_id VARCHAR(32)",
+        "CREATE UNIQUE INDEX usage_row_id ON usage (row_id)",
+    )
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -340,6 +350,7 @@ MIGRATIONS = [
     m007_tenancy,
     m008_leadership,
     m009_operators,
+    m010_usage_row_id,
 ]
 
 

@@ -100,10 +100,16 @@ def start_fake_engine(tmp: Path, key: str | None = None, name: str = "fake") -> 
 
 
 def start_router(tmp: Path, config: str, env: dict | None = None, wait: bool = True):
-    """Start llmgw-router with `config` (TOML text; `{port}` is filled in). -> (proc, url)"""
+    """Start llmgw-router with `config` (TOML text; `{port}` is filled in). -> (proc, url)
+
+    A config without [paths] gets a state directory of its own, so each router has its
+    own usage spool and none touches /var/lib/llmgw."""
     port = free_port()
     cfg = tmp / f"router-{port}.toml"
-    cfg.write_text(config.replace("{port}", str(port)))
+    text = config.replace("{port}", str(port))
+    if "[paths]" not in text:
+        text += f'\n[paths]\nstate_dir = "{tmp / f"router-{port}-state"}"\n'
+    cfg.write_text(text)
     proc = Proc(
         [str(BIN / "llmgw-router"), "--config", str(cfg)],
         tmp / f"router-{port}.log",

@@ -62,6 +62,11 @@ class RouterConfig:
     usage_flush_s: float = 1.0
     usage_batch: int = 500
     usage_buffer: int = 100_000
+    # Each usage row goes to a spool file on local disk before the store, so a crashed
+    # router loses none; the directory is this router's alone (empty: the usage-spool
+    # directory in paths.state_dir). false: rows wait in memory only.
+    usage_spool: bool = True
+    usage_spool_dir: str = ""
     shutdown_grace_s: float = 30.0
     endpoints: list[EndpointConfig] = field(default_factory=list)
     # The schedulers' routing-table feeds (PUB sockets); empty: static endpoints only.
@@ -270,6 +275,13 @@ class Config:
             base = Path(self.source).absolute().parent if self.source else Path.cwd()
             return base / self.backup.dir
         return Path(self.paths.backup_dir)
+
+    def usage_spool_dir(self) -> Path:
+        """The router's usage spool: router.usage_spool_dir (relative to this file), else
+        usage-spool in paths.state_dir."""
+        if self.router.usage_spool_dir:
+            return self.file(self.router.usage_spool_dir)
+        return Path(self.paths.state_dir).absolute() / "usage-spool"
 
     def curve_dir(self) -> Path:
         return Path(self.paths.config_dir) / "pki" / "curve"

@@ -41,6 +41,7 @@ def test_the_router_serves_https_with_an_issued_certificate(tmp_path, pki, api_k
         f'[router]\nlisten = "127.0.0.1:{port}"\nkey_refresh_s = 0.2\n'
         f'tls_cert = "{pki / "localhost.crt"}"\ntls_key = "{pki / "localhost.key"}"\n'
         f'[[router.endpoints]]\nid = "e0"\nurl = "{engine_url}"\nmodels = ["m"]\n'
+        f'[paths]\nstate_dir = "{tmp_path / "state"}"\n'
     )
     router = Proc([str(BIN / "llmgw-router"), "--config", str(cfg)], tmp_path / "router.log")
     base = f"https://127.0.0.1:{port}"

@@ -27,7 +27,7 @@ _PUMP_S = 0.5
 _log = log.get("llmgw.router")
 
 
-def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
+def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Application:
     """The application; workers start with it and stop (flushing usage) with it."""
     rc = cfg.router
     keys = KeyCache(refresh_s=rc.key_refresh_s)
@@ -37,6 +37,7 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
         batch=rc.usage_batch,
         flush_s=rc.usage_flush_s,
         on_drop=metrics.USAGE_DROPPED.inc,
+        spool=spool,
     )
     limiter = Limiter()
     leaser = Leaser(limiter, db)
@@ -116,7 +117,7 @@ def build(cfg, table: RoutingTable, db, feed=None) -> web.Application:
         await asyncio.get_running_loop().run_in_executor(None, leaser.stop)
         # Flush in a thread: the store may be slow, and the loop is still ours.
         await asyncio.get_running_loop().run_in_executor(None, usage.stop)
-        _log.info("stopped", usage_rows_written=usage.written)
+        _log.info("stopped", usage_rows_written=usage.written, usage_rows_replayed=usage.replayed)
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

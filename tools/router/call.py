@@ -35,6 +35,7 @@ class Call:
         "proxy", "request", "route", "rid", "model", "stream", "client_usage", "headers",
         "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
         "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
+        "before_done",
     )  # fmt: skip
 
     def __init__(self, proxy, request, route, rid, model, stream, client_usage, t0, headers):
@@ -58,6 +59,10 @@ class Call:
         self._keepalive = None
         self._keepalive_task = None
         self._waiting_first = False
+        # Called once, just before a stream's [DONE] goes to the client: the usage row is
+        # spooled before the client has the whole answer, so a crash between the two
+        # cannot leave a complete answer without its row.
+        self.before_done = None
 
     # -- the attempt loop ------------------------------------------------------------
 
@@ -188,11 +193,15 @@ class Call:
                     self.t_first = t
                     self._stop_keepalive()
                 if out:
+                    if _DONE in out:
+                        self._done()
                     await self._write(out)
                 self.overhead += time.perf_counter() - t
                 if out.endswith(_DONE + b"\n\n") or buf.startswith(_DONE):
                     done = True
             if buf.strip():
+                if buf.strip() == _DONE:
+                    self._done()
                 await self._write(buf)
                 done = done or buf.strip() == _DONE
         except UpstreamError as e:
@@ -206,6 +215,11 @@ class Call:
             return self.resp
         await self.resp.write_eof()
         return self.resp
+
+    def _done(self) -> None:
+        hook, self.before_done = self.before_done, None
+        if hook is not None:
+            hook()
 
     async def _engine_broke(self, err: UpstreamError) -> web.StreamResponse:
         """The engine failed after it had started answering: too late to retry."""

@@ -13,7 +13,9 @@ from llmgw.errors import Error
 from llmgw.store import migrate, open_store, redact
 from llmgw_router.app import build
 from llmgw_router.feed import Feed
+from llmgw_router.metrics import USAGE_SPOOL_ERRORS
 from llmgw_router.routing import Endpoint, RoutingTable, parse_endpoint_flag
+from llmgw_router.spool import Spool, SpoolLocked
 
 _log = log.get("llmgw.router")
 
@@ -61,6 +63,22 @@ def main(config_path, listen, endpoints):
     except Error as e:
         raise click.ClickException(str(e)) from None
 
+    spool = None
+    if cfg.router.usage_spool:
+        spool = Spool(cfg.usage_spool_dir(), on_error=USAGE_SPOOL_ERRORS.inc)
+        try:
+            spool.open()
+        except SpoolLocked as e:
+            raise click.ClickException(str(e)) from None
+        except OSError as e:
+            # Serve anyway: rows wait in memory (as before the spool), each one counted.
+            _log.error(
+                "usage_spool_failed",
+                dir=str(spool.dir),
+                reason=e.strerror or str(e),
+                action="rows kept in memory until written",
+            )
+
     table = RoutingTable(eps, cooldown_s=cfg.router.cooldown_s)
     feed = None
     if cfg.router.schedulers:
@@ -78,12 +96,14 @@ def main(config_path, listen, endpoints):
             bus_endpoints=cfg.router.scheduler_bus,
             name=cfg.router.bus_name,
         )
-    app = build(cfg, table, db, feed)
+    app = build(cfg, table, db, feed, spool=spool)
     _log.info(
         "starting",
         listen=f"{host}:{port}",
         store=redact(url),
         endpoints=",".join(e.id for e in eps) or "none",
+        usage_spool=str(spool.dir) if spool is not None else "off",
+        spool_segments_to_replay=len(spool.leftover) if spool is not None else 0,
     )
     ssl_context = None
     if cfg.router.tls_cert or cfg.router.tls_key:

@@ -36,6 +36,10 @@ OVERHEAD = Histogram(
 USAGE_DROPPED = Counter(
     "llmgw_router_usage_rows_dropped", "Usage rows dropped because the write buffer was full"
 )
+USAGE_SPOOL_ERRORS = Counter(
+    "llmgw_router_usage_spool_errors",
+    "Usage rows the spool could not take (unwritable directory, full disk); they wait in memory",
+)
 USAGE_PENDING = Gauge("llmgw_router_usage_rows_pending", "Usage rows waiting to be written")
 KEYS_LOADED = Gauge("llmgw_router_api_keys", "API keys held in memory")
 LEASE_FAILURES = Counter(

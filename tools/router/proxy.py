@@ -9,6 +9,7 @@ for the lease thread, which does.
 """
 
 import asyncio
+import functools
 import json
 import secrets
 import time
@@ -264,6 +265,7 @@ class Proxy:
                 call = Call(self, request, route, ticket.rid, name, stream, client_usage,
                             ticket.t0, ticket.headers)  # fmt: skip
                 ticket.call = call
+                call.before_done = functools.partial(self._stream_done, ticket, call)
                 if name != ticket.model:
                     body = json.dumps({**payload, "model": name}).encode()
                 metrics.IN_FLIGHT.inc()
@@ -349,8 +351,16 @@ class Proxy:
         self.account(ticket, None)
         return resp
 
+    def _stream_done(self, ticket: "Ticket", call: Call) -> None:
+        """A stream is about to send its [DONE]: account it now (see Call.before_done)."""
+        ticket.status = call.status
+        self.account(ticket, ticket.reservation)
+
     def account(self, ticket: "Ticket", reservation) -> None:
         """Metrics, the reservation's correction and the usage row. Runs once a request."""
+        if ticket.accounted:
+            return
+        ticket.accounted = True
         now = time.perf_counter()
         latency = now - ticket.t0
         call = ticket.call
@@ -515,7 +525,7 @@ class Ticket:
     """One client request, across the models tried for it: what its usage row needs."""
 
     __slots__ = ("rid", "key_id", "who", "t0", "model", "status", "call", "headers",
-                 "reservation", "grade")  # fmt: skip
+                 "reservation", "grade", "accounted")  # fmt: skip
 
     def __init__(self, rid: str, key_id: str, who, t0: float):
         self.rid, self.key_id, self.who, self.t0 = rid, key_id, who, t0
@@ -525,6 +535,7 @@ class Ticket:
         self.headers: dict = {}
         self.reservation = None
         self.grade = None  # (ask, body length, prices) the reservation was made at
+        self.accounted = False
 
     def fail(self, resp: web.Response) -> web.Response:
         self.status = resp.status

@@ -1,48 +1,79 @@
-"""Usage rows, written in batches by a background thread.
+"""Usage rows: spooled to local disk on the request path, written to the store in
+batches by a background worker.
 
-The request path appends a tuple to a bounded buffer and moves on; it never waits
-on the store. The writer drains the buffer every `flush_s` in batches of `batch`. If
-the store is down, rows stay in the buffer and are written when it is back; only
-when the buffer is full are new rows dropped, counted and logged. `stop()` flushes
-what is left, so a SIGTERM loses nothing while the store is up.
+The request path appends the row to the spool (`spool.py`: one write() on an O_APPEND
+file) and moves on; it never waits on the store. Every `flush_s` the writer closes the
+spool's open segment, commits its rows in batches of `batch`, and only then removes
+the segment, so a crash loses no row the spool took. Each row has its own id
+(`row_id`, unique in the store), so a segment committed twice — the router died
+between the commit and the removal, and replays it at its next start — adds nothing.
+
+Rows the spool cannot take (no spool, an unwritable directory, a full disk) wait in a
+bounded buffer in memory, as every row did before the spool: they are written when the
+store is up, and lost if the router crashes first. Only when that buffer is full are
+new rows dropped, counted and logged. `stop()` writes what is left.
 """
 
 import collections
-import threading
+import itertools
+import secrets
 
 from llmgw import log
 from llmgw.store import Usage
+from llmgw.worker import Worker, first_line
+from llmgw_router import spool as spoolmod
 
 _log = log.get("llmgw.router.usage")
 
 FIELDS = (
     "at", "request_id", "key_id", "model", "served_model", "endpoint",
     "prompt_tokens", "completion_tokens", "status", "latency_ms", "ttft_ms",
-    "user", "project", "team", "org", "cost",
+    "user", "project", "team", "org", "cost", "row_id",
 )  # fmt: skip
 
 
 class UsageWriter:
-    def __init__(self, db, capacity=100_000, batch=500, flush_s=1.0, on_drop=None):
+    def __init__(
+        self,
+        db,
+        capacity=100_000,
+        batch=500,
+        flush_s=1.0,
+        on_drop=None,
+        spool: spoolmod.Spool | None = None,
+    ):
         self.db = db
         self.capacity = capacity
         self.batch = batch
-        self.flush_s = flush_s
+        self.spool = spool
         self.on_drop = on_drop or (lambda n: None)
-        self._rows = collections.deque()
+        self._rows = collections.deque()  # rows the spool did not take
         self._dropped_in_episode = 0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failing = False
+        # Row ids: unique per process (a random prefix) and in it (a counter).
+        self._prefix = secrets.token_hex(8)
+        self._seq = itertools.count(1)
+        self._spooled = 0  # rows this run put in the spool (the event loop counts)
+        self._committed = 0  # ... of which are in the store (the writer counts)
         self.written = 0
+        self.replayed = 0  # rows an earlier run left in the spool, written at start
         marks = ", ".join([db.param] * len(FIELDS))
         # Quoted: "user" is a reserved word in PostgreSQL.
         cols = ", ".join(f'"{f}"' for f in FIELDS)
-        self._sql = f"INSERT INTO {Usage._meta.table_name} ({cols}) VALUES ({marks})"
+        self._sql = (
+            f"INSERT INTO {Usage._meta.table_name} ({cols}) VALUES ({marks}) "
+            "ON CONFLICT (row_id) DO NOTHING"
+        )
+        self.worker = Worker(
+            "usage_write", self._tick, flush_s, db=db, logger=_log, on_stop=self._last_tick
+        )
 
     def record(self, row: tuple) -> None:
-        """Queue one row (a tuple in FIELDS order). Called on the event loop."""
+        """Keep one row (a tuple in FIELDS order, without row_id). Called on the event loop."""
+        row = (*row, f"{self._prefix}{next(self._seq):x}")
+        sp = self.spool
+        if sp is not None and sp.append(spoolmod.encode(row)):
+            self._spooled += 1
+            return
         if len(self._rows) >= self.capacity:
             if self._dropped_in_episode == 0:
                 _log.error("usage_buffer_full", capacity=self.capacity, action="dropping rows")
@@ -55,53 +86,73 @@ class UsageWriter:
         self._rows.append(row)
 
     def pending(self) -> int:
-        return len(self._rows)
+        """Rows of this run not yet in the store."""
+        return self._spooled - self._committed + len(self._rows)
+
+    # -- the writer's thread -------------------------------------------------------------
 
     def flush(self) -> int:
-        """Write everything buffered now; return rows written. Raises if the store fails."""
+        """Write everything spooled or buffered now; return rows written. Raises if the
+        store fails (what was not committed stays where it was, for the next try)."""
         total = 0
+        sp = self.spool
+        if sp is not None:
+            sp.rotate()
+            for segment in sp.closed():
+                rows, bad = spoolmod.read(segment)
+                self._insert(rows)
+                sp.remove(segment)
+                total += len(rows)
+                if segment in sp.leftover:
+                    sp.leftover.remove(segment)
+                    self.replayed += len(rows)
+                    _log.info("usage_spool_replayed", segment=segment.name, rows=len(rows),
+                              skipped_lines=bad)  # fmt: skip
+                else:
+                    self._committed += len(rows)
         while self._rows:
             n = min(self.batch, len(self._rows))
             chunk = [self._rows.popleft() for _ in range(n)]
             try:
-                with self.db.connection_context(), self.db.atomic():
-                    # Plain executemany: peewee's query builder cost more CPU than the
-                    # requests it was recording (seen in the router's profile).
-                    self.db.cursor().executemany(self._sql, chunk)
+                self._insert(chunk)
             except Exception:
                 self._rows.extendleft(reversed(chunk))  # keep them for the next try
                 raise
             total += n
-            self.written += n
         return total
 
-    def _run(self) -> None:
-        while True:
-            stopping = self._stop.wait(self.flush_s)
-            try:
-                self.flush()
-                if self._failing:
-                    _log.info("usage_write_recovered", pending=self.pending())
-                    self._failing = False
-            except Exception as e:
-                if not self._failing:
-                    _log.error(
-                        "usage_write_failed",
-                        reason=str(e).strip().splitlines()[0],
-                        pending=self.pending(),
-                    )
-                    self._failing = True
-            if stopping:
-                return
+    def _insert(self, rows: list[tuple]) -> None:
+        for i in range(0, len(rows), self.batch):
+            with self.db.atomic():
+                # Plain executemany: peewee's query builder cost more CPU than the
+                # requests it was recording (seen in the router's profile).
+                self.db.cursor().executemany(self._sql, rows[i : i + self.batch])
+            self.written += len(rows[i : i + self.batch])
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="usage", daemon=True)
-        self._thread.start()
+    def _tick(self) -> None:
+        self.flush()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Flush what is buffered and stop the writer."""
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=timeout)
+    def _last_tick(self) -> None:
+        try:
+            self.flush()
+        except Exception as e:
+            _log.error("usage_write_failed_at_exit", reason=first_line(e))
+        if self.spool is not None:
+            self.spool.close()
+            left = self.spool.closed()
+            if left:
+                _log.warning(
+                    "usage_rows_left_in_spool",
+                    segments=len(left),
+                    dir=str(self.spool.dir),
+                    action="written when a router starts on this spool",
+                )
         if self._rows:
             _log.error("usage_rows_lost_at_exit", count=len(self._rows))
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Write what is spooled or buffered and stop the writer."""
+        self.worker.stop(timeout=timeout)

@@ -61,6 +61,16 @@ def m008_leadership(db: peewee.Database) -> None:
     db.create_tables([m.Lease, m.SchedulerSeen, m.ReplicaIntent])
 
 
+def m009_usage_row_id(db: peewee.Database) -> None:
+    """usage.row_id, unique: each row's own id, so replaying a router's usage spool
+    after a crash inserts every row once."""
+    # A store whose usage table was made from the peewee model (m001 before it spelled
+    # out its DDL) has the column and index already.
+    if "row_id" not in {c.name for c in db.get_columns("usage")}:
+        db.execute_sql("ALTER TABLE usage ADD COLUMN row_id VARCHAR(32)")
+    db.execute_sql("CREATE UNIQUE INDEX IF NOT EXISTS usage_row_id ON usage (row_id)")
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -70,6 +80,7 @@ MIGRATIONS = [
     m006_audit_log,
     m007_tenancy,
     m008_leadership,
+    m009_usage_row_id,
 ]
 
 

@@ -70,6 +70,10 @@ class Usage(BaseModel):
     team = peewee.CharField(max_length=200, null=True)
     org = peewee.CharField(max_length=200, null=True)
     cost = peewee.DoubleField(null=True)
+    # The router's own id for the row (m009), unique: a router replaying its usage spool
+    # after a crash inserts each row once. Not request_id: a client may send its own
+    # x-request-id, twice. NULL on rows written before m009.
+    row_id = peewee.CharField(max_length=32, null=True, unique=True)
 
     class Meta:
         table_name = "usage"

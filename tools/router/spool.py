@@ -1,0 +1,232 @@
+"""The usage spool: each finished request's row, on local disk before the store sees it.
+
+kill -9 of a router under load lost 1,650 of 8,280 usage rows for answers the clients
+had received in full: everything in the batch buffer was gone. Usage is what people
+are billed on. So the request path appends its row to a segment file with one
+`write()` on an O_APPEND descriptor (the kernel keeps it through a process crash) and
+never waits on the store. The usage writer closes the segment now and then (`rotate`),
+commits its rows, and only then removes it; a router that starts replays the segments
+an earlier run left. Rows carry their own id, so a segment committed but not yet
+removed when the router died is inserted again without duplicates.
+
+A directory holds one router's spool: `usage-NNNNNNNN.spool` segments and a `lock`
+file held with flock for the router's life, so a second router pointed at the same
+directory refuses to start instead of committing (and removing) the first one's rows.
+"""
+
+import fcntl
+import json
+import os
+import threading
+from pathlib import Path
+
+from llmgw import log
+from llmgw.errors import Error
+
+_log = log.get("llmgw.router.spool")
+
+_PREFIX, _SUFFIX = "usage-", ".spool"
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+class SpoolLocked(Error):
+    """Another live router holds this spool directory."""
+
+
+def encode(row: tuple) -> bytes:
+    """One spool line: the row as a JSON array, and a newline."""
+    return (_encode(row) + "\n").encode()
+
+
+def read(path: Path) -> tuple[list[tuple], int]:
+    """The rows of a segment, and how many lines could not be read (a torn last line
+    after a crash or a short write on a full disk; a corrupt line)."""
+    data = path.read_bytes()
+    rows, bad = [], 0
+    lines = data.split(b"\n")
+    # After the last newline: empty, or a write the crash (or a full disk) cut short.
+    tail = lines.pop()
+    if tail:
+        bad += 1
+        _log.warning("usage_spool_torn_line", segment=path.name, bytes=len(tail))
+    for n, line in enumerate(lines, 1):
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, list):
+            bad += 1
+            _log.warning("usage_spool_bad_line", segment=path.name, line=n, bytes=len(line))
+            continue
+        rows.append(tuple(row))
+    return rows, bad
+
+
+class Spool:
+    """One router's spool directory: the open segment rows are appended to (on the event
+    loop), and the closed ones the usage writer commits and removes (on its thread)."""
+
+    def __init__(self, directory: Path, on_error=None):
+        self.dir = Path(directory)
+        self.on_error = on_error or (lambda n: None)  # rows that could not be spooled
+        self._lock = threading.Lock()  # an append and a rotation never interleave
+        self._lock_fd: int | None = None
+        self._fd: int | None = None
+        self._active: Path | None = None
+        self._active_rows = 0
+        self._seq = 0
+        self._closed: list[Path] = []  # oldest first
+        self._failing = False
+        self.leftover: list[Path] = []  # what an earlier run left, found by open()
+
+    # -- start and stop (the writer's side) ------------------------------------------
+
+    def open(self) -> None:
+        """Take the directory, find what an earlier run left and open a fresh segment.
+
+        Raises SpoolLocked if another router holds it; OSError if it cannot be made or
+        locked (the caller runs without a spool then)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise SpoolLocked(
+                f"usage spool {self.dir} is in use by another router (pid {holder}); "
+                "give each router its own router.usage_spool_dir"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        found = []
+        for p in self.dir.glob(f"{_PREFIX}*{_SUFFIX}"):
+            try:
+                found.append((int(p.name[len(_PREFIX) : -len(_SUFFIX)]), p))
+            except ValueError:
+                continue  # not one of ours
+        found.sort()
+        self.leftover = [p for _, p in found]
+        self._closed = list(self.leftover)
+        self._seq = found[-1][0] if found else 0
+        with self._lock:
+            self._open_segment()
+
+    def close(self) -> None:
+        """Close the open segment (removed if empty) and let the directory go."""
+        with self._lock:
+            fd, active, rows = self._fd, self._active, self._active_rows
+            self._fd = self._active = None
+        if fd is not None:
+            os.close(fd)
+            if rows == 0 and active is not None:
+                active.unlink(missing_ok=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- the request path ---------------------------------------------------------------
+
+    def append(self, line: bytes) -> bool:
+        """Append one row's line with one write(). False: it is not on disk (the spool is
+        broken or the disk full): logged once, counted, and the caller keeps the row."""
+        with self._lock:
+            fd = self._fd
+            if fd is None:
+                self.on_error(1)
+                return False
+            try:
+                n = os.write(fd, line)
+            except OSError as e:
+                self._broken(e)
+                return False
+            if n != len(line):
+                # A full disk took part of the line: the segment ends torn, the reader
+                # skips that line, and later rows go to a fresh segment.
+                self._active_rows += 1  # the fragment: the segment must be read
+                self._broken(OSError(f"short write: {n} of {len(line)} bytes"))
+                return False
+            self._active_rows += 1
+        if self._failing:
+            self._failing = False
+            _log.info("usage_spool_recovered", dir=str(self.dir))
+        return True
+
+    def _broken(self, e: OSError) -> None:
+        """Close the open segment (the writer reads what it holds) until the writer opens
+        another; meanwhile rows are not spooled. Called with the lock held."""
+        self.on_error(1)
+        if not self._failing:
+            self._failing = True
+            _log.error(
+                "usage_spool_failed",
+                dir=str(self.dir),
+                reason=e.strerror or str(e),
+                action="rows kept in memory until written",
+            )
+        self._close_active()
+
+    # -- the writer's side --------------------------------------------------------------
+
+    def rotate(self) -> None:
+        """Close the open segment if it holds rows, so the writer can commit it; reopen
+        one after a failure."""
+        with self._lock:
+            if self._lock_fd is None or (self._fd is not None and self._active_rows == 0):
+                return
+            self._close_active()
+            try:
+                self._open_segment()
+            except OSError as e:
+                if not self._failing:
+                    self._failing = True
+                    _log.error("usage_spool_failed", dir=str(self.dir),
+                               reason=e.strerror or str(e),
+                               action="rows kept in memory until written")  # fmt: skip
+
+    def closed(self) -> list[Path]:
+        """Segments ready to commit, oldest first."""
+        with self._lock:
+            return list(self._closed)
+
+    def remove(self, segment: Path) -> None:
+        """A committed segment: its rows are in the store."""
+        segment.unlink(missing_ok=True)
+        with self._lock:
+            self._closed.remove(segment)
+
+    @property
+    def held(self) -> bool:
+        """This router holds the directory (open() succeeded)."""
+        return self._lock_fd is not None
+
+    def _open_segment(self) -> None:
+        self._seq += 1
+        path = self.dir / f"{_PREFIX}{self._seq:08d}{_SUFFIX}"
+        self._fd = os.open(
+            path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640
+        )
+        self._active, self._active_rows = path, 0
+
+    def _close_active(self) -> None:
+        fd, active, rows = self._fd, self._active, self._active_rows
+        self._fd = self._active = None
+        self._active_rows = 0
+        if fd is None:
+            return
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        if active is None:
+            return
+        if rows:
+            self._closed.append(active)
+        else:
+            active.unlink(missing_ok=True)

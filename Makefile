@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 export LLMGW_CACHE ?= $(HOME)/.cache/llmgw
 
-.PHONY: install engine demo test test-fast lint format bench docs clean
+.PHONY: install engine demo test test-fast chaos lint format bench docs clean
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,11 @@ test: install engine
 test-fast: install
 	$(BIN)/pytest -q -m 'not e2e'
 	bats tests/bats
+
+# Kill -9 an engine, an agent, the leading scheduler and a router under load, and check
+# what must survive (also part of `make test`); needs LLMGW_TEST_POSTGRES.
+chaos: install
+	$(BIN)/pytest -q -s -m chaos tests/chaos
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,6 +1,7 @@
 """Failing engines: retries, cooldowns, errors mid-stream, and clients that leave."""
 
 import json
+import time
 
 import openai
 import pytest
@@ -74,6 +75,36 @@ def test_an_engine_that_drops_mid_stream_ends_the_stream_with_an_error_event(rou
     assert "error" in json.loads(events[-1][6:])
     rows = eventually(lambda: usage_rows(router), what="a usage row")
     assert rows[-1].status == 502 and rows[-1].completion_tokens == 2
+
+
+def test_a_stream_whose_engine_dies_before_the_first_token_is_answered_by_another(
+    make_router, engine, tmp_path
+):
+    from tests.helpers import start_fake_engine
+    from tests.integration.conftest import ENGINE_KEY
+
+    # As an engine killed while it reads a long prompt: the stream's headers went out,
+    # no token did (seen in the chaos suite: answered 502, though nobody had anything).
+    drop_proc, drop_url = start_fake_engine(tmp_path, key=ENGINE_KEY, name="drop")
+    try:
+        import requests
+
+        requests.post(drop_url + "/_control", json={"mode": "drop", "drop_after": 0}, timeout=5)
+        router = make_router([drop_url, engine.url])
+
+        # Until the router has tried the dropping engine (it picks by load), every
+        # stream must end complete, with no error event.
+        deadline = time.monotonic() + 10
+        while requests.get(drop_url + "/_stats", timeout=5).json()["requests"] == 0:
+            assert time.monotonic() < deadline, "the router never tried the dropping engine"
+            with router.post("/v1/chat/completions", {**CHAT, "stream": True}, stream=True) as r:
+                assert r.status_code == 200
+                events = [line for line in r.iter_lines() if line.startswith(b"data: ")]
+            assert events[-1] == b"data: [DONE]", events
+            assert not any(b'"error"' in e for e in events), events
+        assert "stream_interrupted" in router.metrics()
+    finally:
+        drop_proc.stop()
 
 
 def test_a_client_that_disconnects_frees_the_engine_and_still_gets_a_usage_row(router, engine):

@@ -35,7 +35,7 @@ class Call:
         "proxy", "request", "route", "rid", "model", "stream", "client_usage", "headers",
         "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
         "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
-        "before_done",
+        "before_done", "_broke",
     )  # fmt: skip
 
     def __init__(self, proxy, request, route, rid, model, stream, client_usage, t0, headers):
@@ -63,6 +63,7 @@ class Call:
         # spooled before the client has the whole answer, so a crash between the two
         # cannot leave a complete answer without its row.
         self.before_done = None
+        self._broke = ""  # why the last attempt broke before the client had anything
 
     # -- the attempt loop ------------------------------------------------------------
 
@@ -101,8 +102,15 @@ class Call:
                         )
                         continue
                     if self.stream and upstream.status == 200:
-                        return await self._relay_stream(upstream)
-                    return await self._relay_whole(upstream)
+                        resp = await self._relay_stream(upstream)
+                    else:
+                        resp = await self._relay_whole(upstream)
+                    if resp is not None:
+                        return resp
+                    # It broke before anything reached the client: another may answer.
+                    last_reason = self._broke
+                    self.prompt_tokens = self.completion_tokens = self.events = 0
+                    continue
                 finally:
                     ep.outstanding -= 1
                     ep.last_used = time.monotonic()
@@ -154,7 +162,7 @@ class Call:
 
     # -- relaying --------------------------------------------------------------------
 
-    async def _relay_whole(self, upstream: Response) -> web.StreamResponse:
+    async def _relay_whole(self, upstream: Response) -> web.StreamResponse | None:
         try:
             data = await upstream.read()
         except UpstreamError as e:
@@ -177,7 +185,7 @@ class Call:
         self.overhead += time.perf_counter() - t
         return self._finish(resp)
 
-    async def _relay_stream(self, upstream: Response) -> web.StreamResponse:
+    async def _relay_stream(self, upstream: Response) -> web.StreamResponse | None:
         self.status = 200
         buf = b""
         done = False
@@ -207,9 +215,12 @@ class Call:
         except UpstreamError as e:
             return await self._engine_broke(e)
         if not done:
-            self._upstream_failed(
+            reason = self._upstream_failed(
                 self.endpoint, "stream ended without [DONE]", kind="stream_interrupted"
             )
+            if self.resp is None:
+                self._broke = reason
+                return None
             self.status = 502
             await self._write_error_event("The engine ended the stream early.", 502)
             return self.resp
@@ -221,9 +232,15 @@ class Call:
         if hook is not None:
             hook()
 
-    async def _engine_broke(self, err: UpstreamError) -> web.StreamResponse:
-        """The engine failed after it had started answering: too late to retry."""
-        self._upstream_failed(self.endpoint, err, kind="stream_interrupted")
+    async def _engine_broke(self, err: UpstreamError) -> web.StreamResponse | None:
+        """The engine failed after it had started answering. Before anything reached the
+        client, None: try another endpoint (an engine killed while it read a long prompt
+        had sent its stream's headers, and the chaos suite saw that answered 502). After,
+        too late: the client hears it."""
+        reason = self._upstream_failed(self.endpoint, err, kind="stream_interrupted")
+        if self.resp is None:
+            self._broke = reason
+            return None
         self.status = 502
         message = f"The engine failed mid-response: {err}"
         if self.resp is None:

@@ -22,7 +22,7 @@ from llmgw_router.admission import Admission
 from llmgw_router.call import CLIENT_CLOSED, Call
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
-from llmgw_router.limits import Reservation
+from llmgw_router.limits import COST_KINDS, Reservation
 from llmgw_router.policy import NOBODY, Policies
 from llmgw_router.quota import Quota
 from llmgw_router.routing import RoutingTable
@@ -187,6 +187,8 @@ class Proxy:
                     body = None
             info = self.policies.model(model)
             prices = (info.input_per_mtok, info.output_per_mtok) if info else None
+            if policy.costs and not priced(prices):
+                return self.reject(unpriced(model, policy.costs[0], rid), ticket, model)
             if body is None:  # serialised once, here: the engine gets these bytes
                 body = json.dumps(payload).encode()
             body_len = len(body)
@@ -294,6 +296,8 @@ class Proxy:
         ask, body_len, prices = ticket.grade
         info = self.policies.model(name)
         new = (info.input_per_mtok, info.output_per_mtok) if info else None
+        if not priced(new) and any(c.kind in COST_KINDS for c, *_ in ticket.reservation.takes):
+            return False  # a cost budget could not count what it costs: never at 0
         covered = await self.quota.regrade(ticket.reservation, ask, body_len, prices, new)
         if covered is None and new is not None:
             return False
@@ -542,6 +546,26 @@ def saturated(model: str, rid: str) -> web.Response:
         "model_saturated",
         rid,
         retry_after=5,
+    )
+
+
+def priced(prices) -> bool:
+    """A model a cost budget can count: it has a price for its prompt or its answer."""
+    return prices is not None and (prices[0] > 0 or prices[1] > 0)
+
+
+def unpriced(model: str, counter, rid: str) -> web.Response:
+    """A cost budget applies and the model has no prices: its cost could not be counted,
+    so the budget could be overspent without a trace. Refused, never admitted at 0."""
+    kind, scope, subject = counter.name.split(":", 2)
+    return api_error(
+        403,
+        f"The model '{model}' has no prices ([models.pricing]), so the {kind} budget on"
+        f" {scope} '{subject}' cannot count what it costs; set its prices to use it.",
+        "permission_error",
+        "model_not_priced",
+        rid,
+        param="model",
     )
 
 

@@ -207,11 +207,19 @@ class Proxy:
         try:
             return await self.answer(request, route, ticket, policy, key, payload, body, stream,
                                      client_usage, reservation)  # fmt: skip
-        except (asyncio.CancelledError, ConnectionResetError):
-            # The client went away: aiohttp cancels the handler (or a write fails). Leaving
-            # here closes the upstream response, so the engine frees its slot.
+        except asyncio.CancelledError:
+            # The client went away and aiohttp cancelled the handler. Leaving here closes
+            # the upstream response, so the engine frees its slot.
             ticket.status = CLIENT_CLOSED
             raise
+        except ConnectionError:
+            # The client went away while we wrote to it. Raised on, aiohttp would log
+            # "Error handling request" and a traceback after our client_disconnected;
+            # handing back the response it already has lets it see the closed
+            # connection itself, quietly.
+            ticket.status = CLIENT_CLOSED
+            call = ticket.call
+            return call.resp if call is not None and call.resp is not None else web.Response()
         finally:
             self.account(ticket, reservation)
 

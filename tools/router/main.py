@@ -64,7 +64,7 @@ def main(config_path, listen, endpoints):
     except Error as e:
         raise click.ClickException(str(e)) from None
 
-    table = RoutingTable(eps, cooldown_s=cfg.router.cooldown_s)
+    table = RoutingTable(eps, cooldown_s=cfg.router.cooldown_s, fed=bool(cfg.router.schedulers))
     feed = None
     if cfg.router.schedulers:
         try:

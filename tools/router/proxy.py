@@ -31,6 +31,10 @@ from llmgw_router.usage import UsageWriter
 
 _log = log.get("llmgw.router")
 
+# The most a request waits for a starting router's first table (it comes within the
+# schedulers' snapshot interval, 3 s, of connecting).
+_TABLE_WAIT_S = 5.0
+
 
 @dataclass
 class Route:
@@ -81,6 +85,9 @@ class Proxy:
         self.quota = quota
         self.admission = admission
         self.queue_deadline_s = queue_deadline_s
+        # A starting router holds a request this long for its first routing table, so
+        # one sent just after a restart is answered rather than told to come back.
+        self.table_wait_s = min(activation_s, _TABLE_WAIT_S)
 
     # -- authorisation ---------------------------------------------------------------
 
@@ -124,6 +131,8 @@ class Proxy:
         key = self.authorise(request, rid)
         if isinstance(key, web.Response):
             return key
+        if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
+            return no_table(rid)
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "llmgw"}
             for m in self.table.models()
@@ -160,6 +169,9 @@ class Proxy:
                 ticket,
                 model,
             )
+
+        if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
+            return self.reject(no_table(ticket.rid), ticket, model)
 
         stream = payload.get("stream") is True
         client_usage = True
@@ -544,6 +556,18 @@ class Ticket:
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+def no_table(rid: str) -> web.Response:
+    """Before the first routing table, no model can be said not to exist: come back."""
+    return api_error(
+        503,
+        "The router is starting: it has no routing table from the schedulers yet.",
+        "server_error",
+        "router_not_ready",
+        rid,
+        retry_after=2,
+    )
 
 
 def saturated(model: str, rid: str) -> web.Response:

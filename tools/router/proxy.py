@@ -286,8 +286,9 @@ class Proxy:
                 call = Call(self, request, route, ticket.rid, name, stream, client_usage,
                             ticket.t0, ticket.headers)  # fmt: skip
                 ticket.call = call
-                if name != ticket.model:
-                    body = json.dumps({**payload, "model": name}).encode()
+                asked = self.served_name(name)  # an alias's engine knows its model's name
+                if asked != payload["model"]:
+                    body = json.dumps({**payload, "model": asked}).encode()
                 metrics.IN_FLIGHT.inc()
                 try:
                     resp = await call.run(body)
@@ -323,6 +324,12 @@ class Proxy:
             return False
         ticket.grade = (ask, body_len, covered)
         return True
+
+    def served_name(self, model: str) -> str:
+        """The catalog's name for a model or alias (what engines are started as), or the
+        name as given for one the catalog does not hold (static endpoints)."""
+        info = self.policies.model(model) if self.policies is not None else None
+        return info.name if info is not None else model
 
     def _fell_back(self, model: str, names: list, i: int, reason: str) -> None:
         if i + 1 < len(names):

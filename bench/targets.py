@@ -407,7 +407,7 @@ class Router(Target):
         self.version = out.stdout.strip().split()[-1] if out.stdout.strip() else ""
         self.proc = spawn([str(VENV_BIN / "llmgw-router"), "--config", str(config)],
                           self.log, self.cpu, env=env)  # fmt: skip
-        wait_ready(f"http://127.0.0.1:{self.port}/health", self.proc, self.log, 30, "llmgw-router")
+        wait_ready(f"http://127.0.0.1:{self.port}/ready", self.proc, self.log, 30, "llmgw-router")
 
     extra = ""  # more config after ROUTER_CONF
     router_extra = ""  # more keys in its [router] section

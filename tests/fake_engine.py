@@ -13,6 +13,9 @@ how to misbehave with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S,
     drop    stream `drop_after` chunks, then close the connection without [DONE]
     hold    stream `drop_after` chunks, then wait for `{"release": true}` before the rest
 
+Like llama-server, it answers with its weights' path as `model` (one with a quote and a
+trailing backslash, so JSON escapes it) unless started with `--alias NAME`.
+
 `GET /_stats` says how many requests it saw, which were cancelled by the client, and the
 last request's headers and body, so tests can check what the router forwarded.
 """
@@ -24,13 +27,17 @@ import time
 
 from aiohttp import web
 
+# What llama-server says as `model` without --alias: its weights' path (made awkward).
+PATH = '/var/lib/llmgw/weights/gemma-"q4"/m.gguf\\'
+
 WORDS = ["The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", "."]
 
 
 class Engine:
-    def __init__(self, key: str | None, name: str):
+    def __init__(self, key: str | None, name: str, alias: str = ""):
         self.key = key
         self.name = name
+        self.model = alias or PATH  # what every answer says as `model`
         self.mode = "ok"
         self.chunks = 5
         self.delay_s = 0.0
@@ -117,7 +124,7 @@ class Engine:
             {
                 "object": "list",
                 "data": data,
-                "model": body.get("model"),
+                "model": self.model,
                 "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)},
             }
         )
@@ -159,7 +166,7 @@ class Engine:
                     "id": "fake-1",
                     "object": "chat.completion" if chat else "text_completion",
                     "created": int(time.time()),
-                    "model": body.get("model"),
+                    "model": self.model,
                     "choices": [choice],
                     "usage": {
                         "prompt_tokens": 7,
@@ -191,7 +198,7 @@ class Engine:
                 if chat
                 else {"index": 0, "text": word, "finish_reason": None}
             )
-            chunk = {"id": "fake-1", "object": obj, "model": body.get("model"), "choices": [choice]}
+            chunk = {"id": "fake-1", "object": obj, "model": self.model, "choices": [choice]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
@@ -199,7 +206,7 @@ class Engine:
             usage = {
                 "id": "fake-1",
                 "object": obj,
-                "model": body.get("model"),
+                "model": self.model,
                 "choices": [],
                 "usage": {
                     "prompt_tokens": 7,
@@ -222,12 +229,13 @@ def main():
         "--key-file", default=None, help="read the key from this file (as llmgw-agentd passes it)"
     )
     parser.add_argument("--name", default="fake")
+    parser.add_argument("--alias", default="", help="the model name to answer with")
     args = parser.parse_args()
     key = args.key
     if args.key_file:
         with open(args.key_file) as f:
             key = f.read().strip()
-    engine = Engine(key, args.name)
+    engine = Engine(key, args.name, args.alias)
     print(f"fake engine {args.name} listening on port {args.port}", flush=True)
     web.run_app(
         engine.app(),

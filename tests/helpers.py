@@ -114,7 +114,7 @@ def start_router(tmp: Path, config: str, env: dict | None = None, wait: bool = T
         [str(BIN / "llmgw-router"), "--config", str(cfg)],
         tmp / f"router-{port}.log",
         env=env,
-        health=f"http://127.0.0.1:{port}/health",
+        health=f"http://127.0.0.1:{port}/ready",
     )
     if wait:
         proc.wait_healthy()

@@ -85,6 +85,13 @@ def source_kind(source: str) -> str:
     return "path"
 
 
+def from_config(cfg) -> list[Model]:
+    """The config's catalog, checked as every tool checks it at start (the scheduler, the
+    router and `llmgw config check` call this one function, so "ok" means they start):
+    the engines an agent adds with [[agent.engines]] count as known."""
+    return load(cfg.models, extra_engines={e.name for e in cfg.agent.engines})
+
+
 def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> list[Model]:
     """Check every definition; the first problem is a ConfigError naming model and field."""
     out: list[Model] = []

@@ -6,12 +6,20 @@ import sys
 import threading
 from collections import deque
 from functools import partial
+from pathlib import Path
 
 import pytest
 
 from llmgw.config import AgentConfig, EngineConfig
 from llmgw_agentd import supervisor
-from llmgw_agentd.engines import INSTALLED, Installer, Launch, llama_command, template_command
+from llmgw_agentd.engines import (
+    INSTALLED,
+    Installer,
+    Launch,
+    llama_command,
+    template_command,
+    vllm_command,
+)
 from llmgw_agentd.errors import EngineError, WeightsError
 from llmgw_agentd.resources import Resources, parse_gpus, parse_meminfo
 from llmgw_agentd.weights import Weights
@@ -26,6 +34,19 @@ def test_llama_server_gets_the_context_of_every_slot_and_its_key_from_a_file():
     assert argv[argv.index("-np") + 1] == "4"
     assert argv[argv.index("--api-key-file") + 1] == "/s/r.key"
     assert argv[-2:] == ["--metrics", "--no-jinja"]
+
+
+def test_engines_answer_as_the_served_model_not_as_their_weights_path():
+    import dataclasses
+
+    named = dataclasses.replace(LAUNCH, served_name="gemma3-270m")
+    llama = llama_command("/e/bin/llama-server", named)
+    assert llama[llama.index("--alias") + 1] == "gemma3-270m"
+    assert llama[-1] == "--no-jinja"  # the profile's args still come last
+    vllm = vllm_command(Path("/e/vllm"), named)
+    assert vllm[vllm.index("--served-model-name") + 1] == "gemma3-270m"
+    assert template_command(["serve", "--name", "{model}"], named)[:3] == [
+        "serve", "--name", "gemma3-270m"]  # fmt: skip
 
 
 def test_a_configured_command_template_is_filled_and_keeps_other_braces():

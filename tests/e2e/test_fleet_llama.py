@@ -54,7 +54,13 @@ def test_the_scheduler_places_gemma_and_the_router_answers_with_it(fleet):
 
     raw = eventually(answered, timeout=180, interval=0.5, what="gemma to be served")
     assert raw.headers["x-llmgw-served-model"] == MODEL
+    # Not the weights' path under the node's state directory: the agent starts
+    # llama-server with --alias, and the router says the served name whatever it hears.
+    assert raw.parse().model == MODEL
     assert raw.parse().choices[0].text.strip()
+    with client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, stream=True,
+                                   temperature=0) as stream:  # fmt: skip
+        assert {c.model for c in stream} == {MODEL}
     (shard,) = fleet.shards("node-a")
     # Only the router can use the engine: its key is derived from the cluster secret.
     assert requests.get(shard["endpoint"] + "/v1/models", timeout=5).status_code == 401

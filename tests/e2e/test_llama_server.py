@@ -121,6 +121,8 @@ def test_a_completion_through_the_router_returns_text_and_names_the_served_model
     completion = raw.parse()
 
     assert raw.headers["x-llmgw-served-model"] == MODEL
+    # This llama-server has no --alias: it says its GGUF's path, and the router the name.
+    assert completion.model == MODEL
     assert completion.choices[0].text.strip()
     assert completion.usage.completion_tokens > 0
 
@@ -132,6 +134,7 @@ def test_a_streamed_chat_arrives_in_chunks_and_ends_with_usage_when_asked(client
     ) as stream:  # fmt: skip
         chunks = list(stream)
 
+    assert {c.model for c in chunks} == {MODEL}
     texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(texts) > 1, chunks
     last = chunks[-1]

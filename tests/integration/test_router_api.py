@@ -5,6 +5,8 @@ import json
 import openai
 import pytest
 
+from tests.helpers import llmgw
+
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -87,3 +89,33 @@ def test_a_slow_first_token_is_kept_alive_with_sse_comments(make_router, engine)
 def test_the_model_list_shows_what_the_key_may_use(router):
     body = router.get("/v1/models").json()
     assert [m["id"] for m in body["data"]] == ["m"]
+
+
+def test_every_answer_names_the_served_model_not_the_engines_weights_path(router, engine):
+    """The fake engine, like llama-server without --alias, says its weights' path."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert router.post("/v1/chat/completions", chat).json()["model"] == "m"
+    embedded = router.post("/v1/embeddings", {"model": "m", "input": "hi"}).json()
+    assert embedded["model"] == "m"
+    for path, body in (("/v1/chat/completions", chat),
+                       ("/v1/completions", {"model": "m", "prompt": "hi"})):  # fmt: skip
+        for usage in (True, False):
+            streamed = {**body, "stream": True, "stream_options": {"include_usage": usage}}
+            with router.post(path, streamed, stream=True) as resp:
+                chunks = [json.loads(line[6:]) for line in resp.iter_lines()
+                          if line.startswith(b"data: {")]  # fmt: skip
+            assert len(chunks) == 5 + usage
+            assert {c["model"] for c in chunks} == {"m"}
+
+
+def test_an_alias_is_asked_of_the_engine_and_answered_as_its_model(limited_router, engine):
+    secret = json.loads(llmgw("keys", "create", "--store", "--name", "a", "--json").stdout)
+    client = limited_router(
+        secret["secret"],
+        extra='[[models]]\nname = "m"\naliases = ["mm"]\nsource = "/models/m.gguf"\n',
+        models=("m", "mm"),
+    )
+    resp = client.chat({**CHAT, "model": "mm"})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["model"] == "m"
+    assert engine.stats()["last_body"]["model"] == "m"

@@ -114,3 +114,24 @@ def test_an_unreachable_store_stops_the_router_with_the_reason(tmp_path):
     assert result.returncode != 0
     assert "cannot open store postgresql://u:***@127.0.0.1:1/x" in result.stderr
     assert "pw" not in result.stderr
+
+
+def test_an_invalid_catalog_stops_router_and_scheduler_and_fails_config_check_alike(tmp_path):
+    """Fail closed: a router that ran on with an empty catalog would count no budget at
+    its prices and try no fallback, while the scheduler refuses the same file."""
+    cfg = tmp_path / "etc" / "llmgw.toml"
+    cfg.write_text(
+        cfg.read_text()
+        + '[router]\nlisten = "127.0.0.1:1"\n'
+        + '[[models]]\nname = "gemma"\nsource = "/m.gguf"\n[models.profile]\ncontext = 10\n'
+    )
+    line = "Error: model 'gemma': profile.context must be at least 256"
+    seen = {}
+    for tool in ("llmgw-router", "llmgw-scheduler"):
+        result = subprocess.run([str(BIN / tool), "--config", str(cfg)], capture_output=True,
+                                text=True, timeout=30)  # fmt: skip
+        seen[tool] = (result.returncode, result.stderr.strip().splitlines())
+    check = llmgw("--config", str(cfg), "config", "check", check=False)
+    seen["llmgw config check"] = (check.returncode, check.stderr.strip().splitlines())
+    assert seen == {tool: (1, [line]) for tool in seen}
+    assert check.stdout == ""

@@ -223,3 +223,28 @@ def test_a_key_without_limits_is_served_as_before_and_usage_names_who_used_it(ac
     csv = llmgw("usage", "--by", "user", "--csv", "--store").stdout.splitlines()
     assert csv[0] == "user,requests,errors,prompt_tokens,completion_tokens,cost"
     assert csv[1].startswith("ada,1,0,7,5,")
+
+
+UNPRICED = """
+[[models]]
+name = "m"
+source = "/models/m.gguf"
+"""
+
+
+def test_a_cost_budget_refuses_a_model_without_prices_rather_than_count_it_free(
+    acme, limited_router, engine
+):
+    llmgw("budgets", "set", "--org", "acme", "--period", "month", "--cost", "5", "--store")
+    client = limited_router(acme["secret"], extra=UNPRICED)
+    resp = client.chat()
+    assert resp.status_code == 403
+    err = resp.json()["error"]
+    assert err["code"] == "model_not_priced" and err["param"] == "model"
+    assert "'m' has no prices" in err["message"]
+    assert "cost/month budget on org 'acme'" in err["message"]
+    assert resp.headers["x-should-retry"] == "false"
+    assert engine.stats()["requests"] == 0
+    # Without a cost budget the same model is served: only what cannot be counted is refused.
+    llmgw("budgets", "remove", "--org", "acme", "--period", "month", "--store")
+    eventually(lambda: client.chat().status_code == 200, what="the budget's removal to apply")

@@ -127,3 +127,33 @@ def test_a_non_streaming_client_that_leaves_cancels_the_engine_request(router, e
     with pytest.raises(openai.APITimeoutError):
         client.chat.completions.create(model="m", messages=CHAT["messages"])
     eventually(lambda: engine.stats()["cancelled"] == 1, what="the engine request cancelled")
+
+
+def test_a_client_that_leaves_mid_stream_is_one_log_line_and_no_traceback(router, engine):
+    """The router was writing when the client went: the failed write used to escape to
+    aiohttp, which logged "Error handling request" and a traceback after the event."""
+    import socket
+    import struct
+
+    engine.control(chunks=100000)
+    host, port = router.url.removeprefix("http://").split(":")
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    leaving = 20
+    for _ in range(leaving):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            # Leave with a reset, mid-write: no FIN the router could notice first.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                + f"\r\nAuthorization: Bearer {router.secret}\r\nContent-Length: {len(body)}"
+                .encode() + b"\r\n\r\n" + body
+            )  # fmt: skip
+            got = b""
+            while got.count(b"data: ") < 3:
+                got += s.recv(65536)
+    eventually(lambda: router.proc.log().count("client_disconnected") >= leaving,
+               what="every disconnect logged")  # fmt: skip
+    eventually(lambda: engine.stats()["active"] == 0, what="the engine's streams to end")
+    log = router.proc.log()
+    assert log.count("client_disconnected") == leaving
+    assert "Traceback" not in log and "Error handling request" not in log

@@ -231,7 +231,7 @@ class Cluster:
         self.router = Proc(
             [str(BIN / "llmgw-router"), "--config", str(cfg)],
             self.tmp / "router.log",
-            health=f"{self.router_url}/health",
+            health=f"{self.router_url}/ready",
         )
         self.router.wait_healthy()
         return self.router

@@ -48,7 +48,7 @@ def test_the_router_serves_https_with_an_issued_certificate(tmp_path, pki, api_k
     ca = str(pki / "ca.crt")
     try:
         eventually(
-            lambda: requests.get(f"{base}/health", verify=ca, timeout=2).ok,
+            lambda: requests.get(f"{base}/ready", verify=ca, timeout=2).ok,
             timeout=20,
             what="the router over https",
         )

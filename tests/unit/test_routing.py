@@ -68,3 +68,22 @@ def test_the_endpoint_flag_takes_id_url_and_models():
 def test_a_malformed_endpoint_flag_says_what_it_wants(bad):
     with pytest.raises(ValueError, match="ID=URL=MODEL|http://"):
         parse_endpoint_flag(bad)
+
+
+def test_a_fed_table_has_no_table_until_the_feed_sends_one_and_wakes_who_waits():
+    import asyncio
+
+    assert RoutingTable([], fed=False).has_table  # nothing to wait for
+    assert RoutingTable([Endpoint("a", "http://x", ("m",))], fed=True).has_table  # static
+    table = RoutingTable([], fed=True)
+    assert not table.has_table
+
+    async def scenario():
+        assert not await table.wait_table(0.01)
+        waiting = asyncio.ensure_future(table.wait_table(5))
+        await asyncio.sleep(0)  # let it start waiting
+        table.replace([], {})  # the first table: empty, but a table
+        return await waiting
+
+    assert asyncio.run(scenario()) is True
+    assert table.has_table

@@ -46,6 +46,8 @@ class Launch:
     parallel: int
     gpus: int = 0
     args: tuple[str, ...] = ()
+    # The model's name in the catalog: engines answer with it as `model`, not the path.
+    served_name: str = ""
 
 
 def llama_command(binary: Path, launch: Launch) -> list[str]:
@@ -54,8 +56,12 @@ def llama_command(binary: Path, launch: Launch) -> list[str]:
         str(binary), "-m", launch.model_path, "--host", launch.host,
         "--port", str(launch.port), "--api-key-file", launch.key_file,
         "-c", str(launch.context * launch.parallel), "-np", str(launch.parallel),
-        "--metrics", *launch.args,
+        "--metrics", *_named("--alias", launch), *launch.args,
     ]  # fmt: skip
+
+
+def _named(flag: str, launch: Launch) -> list[str]:
+    return [flag, launch.served_name] if launch.served_name else []
 
 
 def vllm_command(venv: Path, launch: Launch) -> list[str]:
@@ -63,14 +69,17 @@ def vllm_command(venv: Path, launch: Launch) -> list[str]:
         str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
         "--model", launch.model_path, "--host", launch.host, "--port", str(launch.port),
         "--max-model-len", str(launch.context), "--max-num-seqs", str(launch.parallel),
-        "--tensor-parallel-size", str(max(1, launch.gpus)), *launch.args,
+        "--tensor-parallel-size", str(max(1, launch.gpus)),
+        *_named("--served-model-name", launch), *launch.args,
     ]  # fmt: skip
 
 
 def template_command(template: list[str], launch: Launch) -> list[str]:
-    """Fill {port} {host} {model_path} {key_file} {context} {parallel} in each argument."""
+    """Fill {port} {host} {model_path} {model} {key_file} {context} {parallel} in each
+    argument ({model}: the served name)."""
     fields = {
         "port": launch.port, "host": launch.host, "model_path": launch.model_path,
+        "model": launch.served_name,
         "key_file": launch.key_file, "context": launch.context, "parallel": launch.parallel,
     }  # fmt: skip
     out = []

@@ -241,6 +241,7 @@ class Supervisor:
                 key_file=str(key_file), context=int(req.get("context", 4096)),
                 parallel=int(req.get("parallel", 1)), gpus=int(req.get("gpus", 0)),
                 args=tuple(str(a) for a in req.get("args", ())),
+                served_name=str(req.get("model", "")),
             )  # fmt: skip
             argv, env = self.installer.command(name, version, launch)
             log_path = self._path(shard.id, ".log")

@@ -2,7 +2,9 @@
 
 import click
 
+from llmgw import catalog
 from llmgw import config as configmod
+from llmgw.errors import Error
 from llmgw_ctl.common import pass_state
 
 
@@ -25,6 +27,14 @@ def config_example():
 @config.command("check")
 @pass_state
 def config_check(state):
-    """Load the config and report the first problem, if any."""
+    """Load the config and check it as the tools do at start: the first problem, if any.
+
+    The catalog is checked by the same function the scheduler and the router call, so
+    "ok" means neither refuses it.
+    """
     cfg = state.cfg
+    try:
+        catalog.from_config(cfg)
+    except Error as e:
+        raise click.ClickException(str(e)) from None
     click.echo(f"{cfg.source or 'built-in defaults'}: ok")

@@ -57,6 +57,7 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
     app = web.Application(client_max_size=rc.max_body_bytes + 1)
     app["keys"], app["usage"], app["table"] = keys, usage, table
     app["policies"], app["admission"] = policies, admission
+    app["fed"] = feed is not None
 
     async def on_startup(app):
         loop = asyncio.get_running_loop()
@@ -136,6 +137,7 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
     app.router.add_post(EMBEDDINGS.path, via_proxy("forward", EMBEDDINGS))
     app.router.add_get("/v1/models", via_proxy("models"))
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_route("*", "/{tail:.*}", not_found)
     return app
@@ -148,18 +150,48 @@ def capacity(table: RoutingTable, policies: Policies, model: str, rc) -> int | N
     return probe.capacity(table.endpoints_of(model), slots, time.monotonic(), time.time())
 
 
-async def health(request: web.Request) -> web.Response:
-    keys, table = request.app["keys"], request.app["table"]
-    policies = request.app["policies"]
-    ready = keys.loaded.is_set() and policies.loaded.is_set()
-    body = {
-        "status": "ok" if ready else "starting",
-        "keys_loaded": keys.loaded.is_set(),
-        "limits_loaded": policies.loaded.is_set(),
+def not_ready_because(app: web.Application) -> str:
+    """Why this router cannot answer requests yet ("" once it can): what readiness says."""
+    table = app["table"]
+    if not app["keys"].loaded.is_set():
+        return "API keys are not loaded yet (is the store reachable?)"
+    if not app["policies"].loaded.is_set():
+        return "limits and budgets are not loaded yet (is the store reachable?)"
+    if not table.has_table:
+        return "no routing table from the schedulers yet"
+    if not table.endpoints() and not app["fed"]:
+        return "no endpoints configured: give --endpoint, [[router.endpoints]] or router.schedulers"
+    return ""
+
+
+def _state(request: web.Request) -> tuple[str, dict]:
+    app, table = request.app, request.app["table"]
+    why = not_ready_because(app)
+    return why, {
+        "status": "ok" if not why else "starting",
+        "ready": not why,
+        "reason": why or None,
+        "keys_loaded": app["keys"].loaded.is_set(),
+        "limits_loaded": app["policies"].loaded.is_set(),
+        "routing_table": table.has_table,
         "models": table.models(),
-        "usage_rows_pending": request.app["usage"].pending(),
+        "usage_rows_pending": app["usage"].pending(),
     }
-    return web.json_response(body, status=200 if ready else 503)
+
+
+async def health(request: web.Request) -> web.Response:
+    """Liveness: 200 while the process answers at all, with what readiness would say.
+    Restart a router on this failing, never route by it."""
+    _, body = _state(request)
+    return web.json_response(body)
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Readiness, what a load balancer probes: 200 once keys, limits and a routing table
+    are loaded; until then 503 with the reason (and after the table arrives, a model
+    that is not served is not there, rather than not yet known)."""
+    why, body = _state(request)
+    return web.json_response(body, status=503 if why else 200)
 
 
 async def metrics_page(request: web.Request) -> web.Response:

@@ -6,6 +6,7 @@ fallbacks); a Call does the talking to engines, and leaves accounting to the Pro
 """
 
 import asyncio
+import functools
 import json
 import time
 
@@ -26,6 +27,67 @@ CLIENT_CLOSED = 499
 _RETRY_STATUSES = frozenset((502, 503, 504))
 
 _DONE = b"data: [DONE]"
+_MODEL_KEY = b'"model"'
+
+
+@functools.lru_cache(maxsize=1024)
+def model_field(name: str) -> bytes:
+    """The `"model":"NAME"` an answer should carry, as bytes to splice in."""
+    return b'"model":' + json.dumps(name).encode()
+
+
+def set_model(data: bytes, field: bytes) -> bytes:
+    """Every `"model": "..."` member of the JSON in `data` (one answer, or a block of SSE
+    events) set to `field` (from model_field), without parsing or re-serialising.
+
+    Sound on valid JSON: a `"` that no backslash escapes always opens or closes a
+    string, and a string followed by `:` is a member's name, so an unescaped
+    `"model"` then `:` is that member and never text inside a string (where its quotes
+    would be escaped). Only string values are replaced; a member already holding the
+    name is left alone, so an engine started with the served name as its alias costs a
+    search and a comparison.
+    """
+    out = None
+    pos = pos_done = 0
+    n = len(data)
+    while (i := data.find(_MODEL_KEY, pos)) >= 0:
+        pos = i + len(_MODEL_KEY)
+        b = i - 1
+        while b >= 0 and data[b] == 0x5C:  # backslashes before the quote
+            b -= 1
+        if (i - 1 - b) % 2:
+            continue  # an escaped quote: text inside a string
+        j = pos
+        while j < n and data[j] in b" \t\r\n":
+            j += 1
+        if j >= n or data[j] != 0x3A:  # ':'
+            continue  # the string "model" as a value, not a member's name
+        j += 1
+        while j < n and data[j] in b" \t\r\n":
+            j += 1
+        if j >= n or data[j] != 0x22:  # '"': only string values are replaced
+            continue
+        end = j + 1
+        while True:
+            end = data.find(b'"', end)
+            if end < 0:  # not JSON after all: leave the rest as it came
+                return data if out is None else b"".join(out) + data[pos_done:]
+            k = end - 1
+            while data[k] == 0x5C:
+                k -= 1
+            if (end - 1 - k) % 2 == 0:
+                break
+            end += 1
+        end += 1  # past the closing quote
+        if data[i:end] == field:
+            pos = end
+            continue
+        if out is None:
+            out = []
+        out.append(data[pos_done:i])
+        out.append(field)
+        pos_done = pos = end
+    return data if out is None else b"".join(out) + data[pos_done:]
 
 
 class Call:
@@ -35,7 +97,7 @@ class Call:
         "proxy", "request", "route", "rid", "model", "stream", "client_usage", "headers",
         "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
         "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
-        "before_done", "_broke",
+        "before_done", "_broke", "field",
     )  # fmt: skip
 
     def __init__(self, proxy, request, route, rid, model, stream, client_usage, t0, headers):
@@ -44,6 +106,9 @@ class Call:
         self.route = route
         self.rid = rid
         self.model = model  # the model this attempt asks: the one that answers, if it does
+        # What every answer says in `model`: the served model's name, never the engine's
+        # idea of it (llama-server says its weights' path unless given an alias).
+        self.field = model_field(proxy.served_name(model))
         self.stream = stream
         self.client_usage = client_usage
         self.headers = headers  # sent with the answer, whatever it is (x-ratelimit-*)
@@ -172,6 +237,7 @@ class Call:
         self.status = upstream.status
         if upstream.status == 200:
             self._take_usage(data)
+            data = set_model(data, self.field)
         elif self.resp is None:
             data = engine_error_body(upstream.status, data)
         if self.resp is not None:  # the stream was committed by a keepalive: say it in-band
@@ -203,14 +269,14 @@ class Call:
                 if out:
                     if _DONE in out:
                         self._done()
-                    await self._write(out)
+                    await self._write(set_model(out, self.field))
                 self.overhead += time.perf_counter() - t
                 if out.endswith(_DONE + b"\n\n") or buf.startswith(_DONE):
                     done = True
             if buf.strip():
                 if buf.strip() == _DONE:
                     self._done()
-                await self._write(buf)
+                await self._write(set_model(buf, self.field))
                 done = done or buf.strip() == _DONE
         except UpstreamError as e:
             return await self._engine_broke(e)

@@ -7,7 +7,7 @@ import click
 import uvloop
 from aiohttp import web
 
-from llmgw import bus, cli, log, tls
+from llmgw import bus, catalog, cli, log, tls
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import migrate, open_store, redact
@@ -42,6 +42,9 @@ def main(config_path, listen, endpoints):
     """
     try:
         cfg = configmod.load(config_path)
+        # Fail closed, as the scheduler does: a router that ran on without the catalog
+        # would lose its prices (budgets uncounted) and fallbacks without a word.
+        catalog.from_config(cfg)
     except Error as e:
         raise click.ClickException(str(e)) from None
     log.setup("llmgw-router", cfg.log.level)
@@ -79,7 +82,7 @@ def main(config_path, listen, endpoints):
                 action="rows kept in memory until written",
             )
 
-    table = RoutingTable(eps, cooldown_s=cfg.router.cooldown_s)
+    table = RoutingTable(eps, cooldown_s=cfg.router.cooldown_s, fed=bool(cfg.router.schedulers))
     feed = None
     if cfg.router.schedulers:
         try:

@@ -23,7 +23,7 @@ from llmgw_router.admission import Admission
 from llmgw_router.call import CLIENT_CLOSED, Call
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
-from llmgw_router.limits import Reservation
+from llmgw_router.limits import COST_KINDS, Reservation
 from llmgw_router.policy import NOBODY, Policies
 from llmgw_router.quota import Quota
 from llmgw_router.routing import RoutingTable
@@ -31,6 +31,10 @@ from llmgw_router.upstream import Pool
 from llmgw_router.usage import UsageWriter
 
 _log = log.get("llmgw.router")
+
+# The most a request waits for a starting router's first table (it comes within the
+# schedulers' snapshot interval, 3 s, of connecting).
+_TABLE_WAIT_S = 5.0
 
 
 @dataclass
@@ -82,6 +86,9 @@ class Proxy:
         self.quota = quota
         self.admission = admission
         self.queue_deadline_s = queue_deadline_s
+        # A starting router holds a request this long for its first routing table, so
+        # one sent just after a restart is answered rather than told to come back.
+        self.table_wait_s = min(activation_s, _TABLE_WAIT_S)
 
     # -- authorisation ---------------------------------------------------------------
 
@@ -125,6 +132,8 @@ class Proxy:
         key = self.authorise(request, rid)
         if isinstance(key, web.Response):
             return key
+        if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
+            return no_table(rid)
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "llmgw"}
             for m in self.table.models()
@@ -162,6 +171,9 @@ class Proxy:
                 model,
             )
 
+        if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
+            return self.reject(no_table(ticket.rid), ticket, model)
+
         stream = payload.get("stream") is True
         client_usage = True
         if stream:
@@ -188,6 +200,8 @@ class Proxy:
                     body = None
             info = self.policies.model(model)
             prices = (info.input_per_mtok, info.output_per_mtok) if info else None
+            if policy.costs and not priced(prices):
+                return self.reject(unpriced(model, policy.costs[0], rid), ticket, model)
             if body is None:  # serialised once, here: the engine gets these bytes
                 body = json.dumps(payload).encode()
             body_len = len(body)
@@ -206,11 +220,19 @@ class Proxy:
         try:
             return await self.answer(request, route, ticket, policy, key, payload, body, stream,
                                      client_usage, reservation)  # fmt: skip
-        except (asyncio.CancelledError, ConnectionResetError):
-            # The client went away: aiohttp cancels the handler (or a write fails). Leaving
-            # here closes the upstream response, so the engine frees its slot.
+        except asyncio.CancelledError:
+            # The client went away and aiohttp cancelled the handler. Leaving here closes
+            # the upstream response, so the engine frees its slot.
             ticket.status = CLIENT_CLOSED
             raise
+        except ConnectionError:
+            # The client went away while we wrote to it. Raised on, aiohttp would log
+            # "Error handling request" and a traceback after our client_disconnected;
+            # handing back the response it already has lets it see the closed
+            # connection itself, quietly.
+            ticket.status = CLIENT_CLOSED
+            call = ticket.call
+            return call.resp if call is not None and call.resp is not None else web.Response()
         finally:
             self.account(ticket, reservation)
 
@@ -266,8 +288,9 @@ class Proxy:
                             ticket.t0, ticket.headers)  # fmt: skip
                 ticket.call = call
                 call.before_done = functools.partial(self._stream_done, ticket, call)
-                if name != ticket.model:
-                    body = json.dumps({**payload, "model": name}).encode()
+                asked = self.served_name(name)  # an alias's engine knows its model's name
+                if asked != payload["model"]:
+                    body = json.dumps({**payload, "model": asked}).encode()
                 metrics.IN_FLIGHT.inc()
                 try:
                     resp = await call.run(body)
@@ -296,11 +319,19 @@ class Proxy:
         ask, body_len, prices = ticket.grade
         info = self.policies.model(name)
         new = (info.input_per_mtok, info.output_per_mtok) if info else None
+        if not priced(new) and any(c.kind in COST_KINDS for c, *_ in ticket.reservation.takes):
+            return False  # a cost budget could not count what it costs: never at 0
         covered = await self.quota.regrade(ticket.reservation, ask, body_len, prices, new)
         if covered is None and new is not None:
             return False
         ticket.grade = (ask, body_len, covered)
         return True
+
+    def served_name(self, model: str) -> str:
+        """The catalog's name for a model or alias (what engines are started as), or the
+        name as given for one the catalog does not hold (static endpoints)."""
+        info = self.policies.model(model) if self.policies is not None else None
+        return info.name if info is not None else model
 
     def _fell_back(self, model: str, names: list, i: int, reason: str) -> None:
         if i + 1 < len(names):
@@ -545,6 +576,18 @@ class Ticket:
 # -- helpers -----------------------------------------------------------------------------
 
 
+def no_table(rid: str) -> web.Response:
+    """Before the first routing table, no model can be said not to exist: come back."""
+    return api_error(
+        503,
+        "The router is starting: it has no routing table from the schedulers yet.",
+        "server_error",
+        "router_not_ready",
+        rid,
+        retry_after=2,
+    )
+
+
 def saturated(model: str, rid: str) -> web.Response:
     return api_error(
         503,
@@ -553,6 +596,26 @@ def saturated(model: str, rid: str) -> web.Response:
         "model_saturated",
         rid,
         retry_after=5,
+    )
+
+
+def priced(prices) -> bool:
+    """A model a cost budget can count: it has a price for its prompt or its answer."""
+    return prices is not None and (prices[0] > 0 or prices[1] > 0)
+
+
+def unpriced(model: str, counter, rid: str) -> web.Response:
+    """A cost budget applies and the model has no prices: its cost could not be counted,
+    so the budget could be overspent without a trace. Refused, never admitted at 0."""
+    kind, scope, subject = counter.name.split(":", 2)
+    return api_error(
+        403,
+        f"The model '{model}' has no prices ([models.pricing]), so the {kind} budget on"
+        f" {scope} '{subject}' cannot count what it costs; set its prices to use it.",
+        "permission_error",
+        "model_not_priced",
+        rid,
+        param="model",
     )
 
 

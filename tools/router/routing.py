@@ -1,8 +1,8 @@
 """The routing table: which endpoints serve which model, and which one to use next.
 
 Pure bookkeeping, no I/O: the request path asks `pick()` for an endpoint and reports
-back with `release()`/`failed()`. Today the table is filled from the config; the
-scheduler will feed the same table through `replace()`.
+back with `release()`/`failed()`. The table is filled from the config's static
+endpoints, and the scheduler's feed (feed.py) replaces it with each routing table.
 """
 
 import asyncio
@@ -43,8 +43,14 @@ def parse_endpoint_flag(text: str) -> Endpoint:
 class RoutingTable:
     """Least outstanding requests among the endpoints of a model, skipping cooled ones."""
 
-    def __init__(self, endpoints: list[Endpoint] = (), cooldown_s: float = 5.0):
+    def __init__(self, endpoints: list[Endpoint] = (), cooldown_s: float = 5.0,
+                 fed: bool = False):  # fmt: skip
         self.cooldown_s = cooldown_s
+        # Whether the table can answer for models: it has static endpoints, or no feed
+        # is coming (`fed`: the schedulers will send it), or the feed's first table came.
+        # Until then a model it does not list may well exist: never say it does not.
+        self.has_table = bool(endpoints) or not fed
+        self._table_waiters: list = []
         self._by_model: dict[str, list[Endpoint]] = {}
         self._by_id: dict[str, Endpoint] = {}
         self._known: dict[str, tuple[str, str]] = {}
@@ -76,6 +82,12 @@ class RoutingTable:
                 by_model.setdefault(model, []).append(ep)
         self._by_id, self._by_model = by_id, by_model
         self._known = dict(known or {})
+        if known is not None and not self.has_table:  # the feed's first table
+            self.has_table = True
+            for fut in self._table_waiters:
+                if not fut.done():
+                    fut.set_result(True)
+            self._table_waiters = []
         for model in [m for m in self._waiters if m in by_model]:
             for fut in self._waiters.pop(model):
                 if not fut.done():
@@ -96,6 +108,21 @@ class RoutingTable:
             waiting = self._waiters.get(model)
             if waiting and fut in waiting:
                 waiting.remove(fut)
+
+    async def wait_table(self, timeout: float) -> bool:
+        """Wait (on the event loop) for the feed's first table; False at the deadline."""
+        if self.has_table:
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        self._table_waiters.append(fut)
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            return False
+        finally:
+            if fut in self._table_waiters:
+                self._table_waiters.remove(fut)
 
     def knows(self, model: str) -> bool:
         return model in self._known or model in self._by_model

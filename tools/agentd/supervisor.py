@@ -293,6 +293,10 @@ class Supervisor:
                 )
                 return
             if probe(url):
+                # Measured now, not at the next monitor pass: the heartbeat after "ready"
+                # must already count what the engine holds, or placement sees the node
+                # emptier than it is (and a loaded CI machine saw rss 0 there).
+                shard.rss = process.rss(proc.pid)
                 self._set(shard, READY)
                 return
             if time.monotonic() > deadline:

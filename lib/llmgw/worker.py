@@ -32,7 +32,8 @@ class Worker:
     thread, so the tick's queries use this thread's one connection; after a failed tick
     it is dropped, and the next query reconnects. Failures back off exponentially (with
     jitter) from `interval_s` up to `backoff_max_s`, and are logged as `<name>_failed`
-    once and `<name>_recovered` once. `on_failure(e)` runs after each failed tick.
+    once and `<name>_recovered` once; `failed_fields` are said on the first (what the
+    tool does meanwhile, say). `on_failure(e)` runs after each failed tick.
     """
 
     def __init__(
@@ -46,6 +47,7 @@ class Worker:
         backoff_max_s: float = 30.0,
         on_failure: Callable[[BaseException], None] | None = None,
         on_stop: Callable[[], None] | None = None,
+        failed_fields: dict | None = None,
     ):
         self.name = name
         self.tick = tick
@@ -55,6 +57,7 @@ class Worker:
         self.backoff_max_s = max(backoff_max_s, interval_s)
         self.on_failure = on_failure
         self.on_stop = on_stop
+        self.failed_fields = dict(failed_fields or {})
         self.failures = 0  # consecutive
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -95,7 +98,7 @@ class Worker:
         except Exception as e:
             self.failures += 1
             if self.failures == 1:
-                self.log.error(f"{self.name}_failed", reason=first_line(e))
+                self.log.error(f"{self.name}_failed", reason=first_line(e), **self.failed_fields)
             self._drop_connection()
             if self.on_failure is not None:
                 self.on_failure(e)

@@ -10,6 +10,7 @@ from llmgw.store.tenancy import LimitWindow
 from llmgw_router import leases
 from llmgw_router.leases import Leaser
 from llmgw_router.limits import Limiter, Reservation
+from tests.helpers import eventually
 
 T0 = 1_800_000_000.0
 
@@ -111,3 +112,29 @@ def test_a_router_that_stops_gives_back_its_allowance_and_slots(db):
     leaser.stop()
     assert LimitWindow.get(LimitWindow.counter == c.name).leased == 0
     assert leases.hold(db, conc.name, "other", 4, 4, T0, 30) == (4, 4)
+
+
+def test_the_lease_worker_touches_no_store_until_a_limit_is_in_use_then_keeps_one_connection(db):
+    db.close()
+    opened = []
+    connect = db._connect
+    db._connect = lambda: opened.append(1) or connect()
+    lim = Limiter()
+    leaser = Leaser(lim, db, tick_s=0.005)
+    ticks = []
+    tick = leaser.tick
+    leaser.tick = lambda now: ticks.append(now) or tick(now)
+    leaser.start(loop=None)
+    try:
+        eventually(lambda: len(ticks) >= 20, 5, what="twenty idle ticks")
+        assert opened == []  # no counters: not even a connection
+        c = lim.counter("rpm", "key", "k", 1000)
+        lim.add_waiter(c, object(), 1)
+        leaser.wake()
+        eventually(lambda: opened, 5, what="the first lease")
+        n = len(ticks)
+        eventually(lambda: len(ticks) >= n + 20, 5, what="twenty more ticks")
+    finally:
+        leaser.stop()
+    assert len(opened) == 1  # leased, gave back when idle, and stopped on one connection
+    assert LimitWindow.get(LimitWindow.counter == c.name).leased == 0

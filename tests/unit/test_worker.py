@@ -79,3 +79,12 @@ def test_a_worker_keeps_one_connection_and_drops_it_after_a_failure(tmp_path):
     w.stop()
     assert set(seen) == {1, 2}  # reconnected once, after the failure
     assert stopped == [False]  # on_stop had the connection
+
+
+def test_what_a_failing_worker_does_meanwhile_is_said_with_its_failure(caplog):
+    w = Worker("lease", lambda: 1 / 0, 0.01, failed_fields={"action": "admitting what is held"})
+    caplog.set_level(logging.INFO)
+    w.run_once()
+    w.run_once()
+    failed = [r.getMessage() for r in caplog.records if "lease_failed" in r.getMessage()]
+    assert len(failed) == 1 and "action=" in failed[0] and "admitting what is held" in failed[0]

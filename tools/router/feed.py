@@ -1,18 +1,18 @@
 """The scheduler's routing table, received over the bus and applied to the RoutingTable.
 
-A background thread holds a CURVE SUB socket to every configured scheduler. Each
+A background worker holds a CURVE SUB socket to every configured scheduler. Each
 `routes` message is the whole table, so applying it is a plain replace; with no
 scheduler reachable, the last table keeps serving.
 """
 
 import os
 import queue
-import threading
 import time
 
 import zmq
 
 from llmgw import bus, log
+from llmgw.worker import Worker
 from llmgw_router.routing import Endpoint, RoutingTable
 
 _log = log.get("llmgw.router.feed")
@@ -21,6 +21,8 @@ _log = log.get("llmgw.router.feed")
 SILENCE_S = 10.0
 # How often the schedulers hear which models were used, so idle on-demand models stop.
 ACTIVITY_S = 2.0
+# How long one pass waits for a message.
+POLL_S = 0.2
 
 
 def endpoints_from(body: dict, static: list[Endpoint] = ()) -> list[Endpoint]:
@@ -73,8 +75,17 @@ class Feed:
         self.seq = -1
         self.epoch = -1
         self._stale_logged = -1
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # The sockets, opened by the worker's first pass and again after a failure or a
+        # silence; closed on its thread when it stops.
+        self.worker = Worker(
+            "routes_feed", self._tick, POLL_S, logger=_log, backoff_max_s=5.0,
+            on_failure=lambda e: self._close(), on_stop=self._close,
+        )  # fmt: skip
+        self._sub = None
+        self._dealers: list = []
+        self._poller: zmq.Poller | None = None
+        self._last = 0.0
+        self._next_activity = 0.0
         self.ctx: zmq.Context | None = None
         # The schedulers' bus sockets, for `want` and `activity` (empty: none sent).
         self.bus_endpoints = list(bus_endpoints)
@@ -172,63 +183,63 @@ class Feed:
         for model in self.table.waited_for():
             self._send(dealers, "want", {"model": model})
 
-    # -- the thread ------------------------------------------------------------------------
+    # -- the worker ------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            sub = bus.connect(self.ctx, zmq.SUB, self.schedulers, self.keys, self.server_public)
-            dealers = [
-                bus.connect(self.ctx, zmq.DEALER, [ep], self.keys, self.server_public,
-                            identity=self.name)
-                for ep in self.bus_endpoints
-            ]  # fmt: skip
-            try:
-                self._listen(sub, dealers)
-            finally:
-                sub.close(0)
-                for d in dealers:
-                    d.close(0)
+    def _open(self) -> None:
+        self._sub = bus.connect(self.ctx, zmq.SUB, self.schedulers, self.keys, self.server_public)
+        self._dealers = [
+            bus.connect(self.ctx, zmq.DEALER, [ep], self.keys, self.server_public,
+                        identity=self.name)
+            for ep in self.bus_endpoints
+        ]  # fmt: skip
+        self._poller = zmq.Poller()
+        self._poller.register(self._sub, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._last = time.monotonic()
+        self._next_activity = self._last + ACTIVITY_S
 
-    def _listen(self, sub, dealers) -> None:
-        """Apply tables and pass on wants until stopped, or until the schedulers have been
-        silent so long that the connection is likely dead: libzmq never retries a
-        connection the server refused (say, while this router's key was not yet
-        registered), so start afresh."""
-        poller = zmq.Poller()
-        poller.register(sub, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        last = time.monotonic()
-        next_activity = last + ACTIVITY_S
-        while not self._stop.is_set():
-            events = dict(poller.poll(200))
-            now = time.monotonic()
-            if self._wake_r in events:
-                self._send_wants(dealers)
-            if now >= next_activity:
-                self._send_activity(dealers)
-                next_activity = now + ACTIVITY_S
-            if sub not in events:
-                if now - last > SILENCE_S:
-                    _log.warning("schedulers_silent", seconds=SILENCE_S, action="reconnecting")
-                    return
-                continue
-            # Only the newest table matters: skip any that queued up behind it (handle()
-            # ignores a deposed leader's, whichever order they came in).
-            batch = [sub.recv()]
-            while sub.poll(0):
-                batch.append(sub.recv())
-            last = now
-            self.handle(_newest(batch))
+    def _close(self) -> None:
+        if self._sub is not None:
+            self._sub.close(0)
+        for d in self._dealers:
+            d.close(0)
+        self._sub, self._dealers, self._poller = None, [], None
+
+    def _tick(self) -> float:
+        """Apply tables and pass on wants for one poll. After the schedulers have been
+        silent so long that the connection is likely dead, start afresh: libzmq never
+        retries a connection the server refused (say, while this router's key was not
+        yet registered)."""
+        if self._sub is None:
+            self._open()
+        sub, dealers = self._sub, self._dealers
+        events = dict(self._poller.poll(POLL_S * 1000))
+        now = time.monotonic()
+        if self._wake_r in events:
+            self._send_wants(dealers)
+        if now >= self._next_activity:
+            self._send_activity(dealers)
+            self._next_activity = now + ACTIVITY_S
+        if sub not in events:
+            if now - self._last > SILENCE_S:
+                _log.warning("schedulers_silent", seconds=SILENCE_S, action="reconnecting")
+                self._close()
+            return 0.0
+        # Only the newest table matters: skip any that queued up behind it (handle()
+        # ignores a deposed leader's, whichever order they came in).
+        batch = [sub.recv()]
+        while sub.poll(0):
+            batch.append(sub.recv())
+        self._last = now
+        self.handle(_newest(batch))
+        return 0.0
 
     def start(self) -> None:
         self.ctx = zmq.Context()
-        self._thread = threading.Thread(target=self._run, name="routes", daemon=True)
-        self._thread.start()
+        self.worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+        self.worker.stop()
         if self.ctx is not None:
             self.ctx.term()
         os.close(self._wake_r)

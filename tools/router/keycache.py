@@ -1,9 +1,10 @@
 """API keys in memory: the request path checks a key with one hash and one dict lookup.
 
-A background thread mirrors the store's keys into memory and then polls for changes
-(`updated_at` moves on create and revoke), so a new or revoked key is seen within
-`refresh_s`. The mirror is complete, so an unknown key is rejected without asking
-the store: a flood of bad keys costs a hash each and never reaches the database.
+A background worker mirrors the store's keys into memory and then polls for changes
+(`updated_at` moves on create and revoke), on the one store connection it keeps, so a
+new or revoked key is seen within `refresh_s`. The mirror is complete, so an unknown key
+is rejected without asking the store: a flood of bad keys costs a hash each and never
+reaches the database.
 """
 
 import threading
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from llmgw import apikeys, log
 from llmgw.store import ApiKey
+from llmgw.worker import Worker
 
 _log = log.get("llmgw.router.keys")
 
@@ -38,9 +40,7 @@ class KeyCache:
         self._by_hash: dict[str, Key] = {}
         self._since = 0.0
         self.loaded = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failing = False
+        self.worker: Worker | None = None
 
     def lookup(self, secret: str) -> Key | None:
         return self._by_hash.get(apikeys.hash_secret(secret))
@@ -70,25 +70,11 @@ class KeyCache:
             self.apply(rows)
         self.loaded.set()
 
-    def _run(self, db) -> None:
-        while not self._stop.is_set():
-            try:
-                with db.connection_context():
-                    self.refresh()
-                if self._failing:
-                    _log.info("keys_refresh_recovered", keys=len(self))
-                    self._failing = False
-            except Exception as e:  # the store may be down; keep serving the keys we have
-                if not self._failing:
-                    _log.error("keys_refresh_failed", reason=str(e).strip().splitlines()[0])
-                    self._failing = True
-            self._stop.wait(self.refresh_s)
-
     def start(self, db) -> None:
-        self._thread = threading.Thread(target=self._run, args=(db,), name="keys", daemon=True)
-        self._thread.start()
+        # The store may be down: the worker says so once, and we keep the keys we have.
+        self.worker = Worker("keys_refresh", self.refresh, self.refresh_s, db=db, logger=_log)
+        self.worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+        if self.worker is not None:
+            self.worker.stop()

@@ -2,11 +2,11 @@
 budget on it, its user, project, their teams and org; and the catalog's prices,
 fallbacks and slots.
 
-A background thread mirrors users, projects, limits, budgets and runtime models from
-the store, as keycache.py mirrors keys: it checks each table's row count and newest
-change every `router.limits_refresh_s`, reloads all of them when one moved, and swaps
-the new state in with one assignment. The request path asks `policy(key)`, a dict
-lookup once the key's policy has been built.
+A background worker mirrors users, projects, limits, budgets and runtime models from
+the store on the one connection it keeps, as keycache.py mirrors keys: it checks each
+table's row count and newest change every `router.limits_refresh_s`, reloads all of
+them when one moved, and swaps the new state in with one assignment. The request path
+asks `policy(key)`, a dict lookup once the key's policy has been built.
 """
 
 import json
@@ -19,6 +19,7 @@ from llmgw import catalog, config, log
 from llmgw.errors import ConfigError
 from llmgw.store import RuntimeModel
 from llmgw.store.tenancy import Budget, Limit, Project, User
+from llmgw.worker import Worker
 from llmgw_router.keycache import Key
 from llmgw_router.limits import Limiter
 
@@ -109,9 +110,7 @@ class Policies:
         self._cache: dict[str, Policy] = {}
         self._version = None
         self.loaded = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failing = False
+        self.worker: Worker | None = None
 
     # -- the request path ---------------------------------------------------------------
 
@@ -223,32 +222,19 @@ class Policies:
         self.loaded.set()
         return True
 
-    def _run(self, db) -> None:
-        while not self._stop.is_set():
-            try:
-                with db.connection_context():
-                    if self.refresh():
-                        _log.info("policies_loaded", users=len(self.state.users),
-                                  limits=len(self.state.limits),
-                                  budgets=len(self.state.budgets))  # fmt: skip
-                if self._failing:
-                    _log.info("policies_refresh_recovered")
-                    self._failing = False
-            except Exception as e:  # the store may be down: keep what we have
-                if not self._failing:
-                    _log.error("policies_refresh_failed", reason=str(e).strip().splitlines()[0])
-                    self._failing = True
-            self._stop.wait(self.refresh_s)
+    def _tick(self) -> None:
+        if self.refresh():
+            _log.info("policies_loaded", users=len(self.state.users),
+                      limits=len(self.state.limits), budgets=len(self.state.budgets))  # fmt: skip
 
     def start(self, db) -> None:
-        self._thread = threading.Thread(target=self._run, args=(db,), name="policies",
-                                        daemon=True)  # fmt: skip
-        self._thread.start()
+        # The store may be down: the worker says so once, and we keep what we have.
+        self.worker = Worker("policies_refresh", self._tick, self.refresh_s, db=db, logger=_log)
+        self.worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+        if self.worker is not None:
+            self.worker.stop()
 
 
 def _count():

@@ -1,6 +1,6 @@
 """The engines' own word on how busy they are, read off the request path.
 
-A background thread asks every endpoint each `router.engine_probe_s`: llama-server's
+A background worker asks every endpoint each `router.engine_probe_s`: llama-server's
 `GET /slots` (its slots, and which are processing), else vLLM's `GET /metrics`
 (`vllm:num_requests_waiting`). Admission then counts slots busy with other routers'
 requests, and treats an engine that queues requests itself as full. An engine that
@@ -9,12 +9,12 @@ ignored, so a dead probe never blocks admission.
 """
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
 
 from llmgw import log
+from llmgw.worker import Worker
 from llmgw_router.routing import Endpoint, RoutingTable
 
 _log = log.get("llmgw.router.probe")
@@ -94,8 +94,8 @@ class Probe:
         self.on_change = on_change or (lambda: None)  # called (from the thread) after a pass
         self.clock = clock
         self._kind: dict[str, tuple[str, float]] = {}  # endpoint id -> (slots|vllm|none, since)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # A failing pass never takes the router down: said once, retried with backoff.
+        self.worker = Worker("engine_probe", self.tick, interval_s, logger=_log)
 
     def _get(self, ep: Endpoint, path: str) -> tuple[int, bytes]:
         headers = {"Authorization": f"Bearer {ep.key}"} if ep.key else {}
@@ -138,20 +138,9 @@ class Probe:
             self.probe(ep, now)
         self.on_change()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.tick()
-            except Exception as e:  # never let the probe take the router down
-                _log.error("engine_probe_failed", reason=str(e)[:200])
-
     def start(self) -> None:
-        if self.interval_s <= 0:
-            return
-        self._thread = threading.Thread(target=self._run, name="probe", daemon=True)
-        self._thread.start()
+        if self.interval_s > 0:
+            self.worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+        self.worker.stop()

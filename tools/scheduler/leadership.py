@@ -1,4 +1,5 @@
-"""Which scheduler leads: the lease, kept on its own thread with its own store connection.
+"""Which scheduler leads: the lease, kept by its own worker on the one store connection
+it keeps (dropped and opened again only after an error).
 
 The leader renews every renew_s. It may act only while `leading()`: until step_down_s
 after the start of its last successful renewal, on its own monotonic clock. The loop
@@ -20,7 +21,7 @@ import peewee
 
 from llmgw import lease, log
 from llmgw.errors import Error
-from llmgw.store import drop_connection
+from llmgw.worker import Worker
 from llmgw_scheduler import metrics
 
 _log = log.get("llmgw.scheduler.leadership")
@@ -64,13 +65,19 @@ class Leadership:
         self.epoch = 0  # ours while leading; the newest we took otherwise
         self._valid_until = 0.0  # monotonic
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # A store that fails is tried again every standby_retry_s (or renew_s, if less),
+        # not backed off further: a leader must renew within step_down_s or stop acting,
+        # and a standby must be ready to take over. Says lease_store_failed once.
+        retry = min(self.s.renew_s, self.s.standby_retry_s)
+        self.worker = Worker(
+            "lease_store", self._tick, retry, db=db, logger=_log, backoff_max_s=retry,
+            on_failure=self._store_failed, on_stop=self._release,
+        )  # fmt: skip
+        self._ticked_leading = False
         # Called (from this thread) with (epoch, True) on a takeover and (epoch, False)
         # when the lease is known lost.
         self.on_change = on_change or (lambda epoch, leading: None)
         self.renew_failures = 0
-        self._failing = False
 
     # -- asked by the loop ---------------------------------------------------------------
 
@@ -108,22 +115,13 @@ class Leadership:
     def start(self) -> None:
         if self.sqlite:
             self.start_sqlite()
-        self._thread = threading.Thread(target=self._run, name="leadership", daemon=True)
-        self._thread.start()
+        self.worker.start()
 
     def stop(self) -> None:
         """On a clean stop, give the lease up so a standby need not wait it out."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self.leading():
-            try:
-                lease.release(self.db, self.holder, self.epoch)
-                _log.info("lease_released", epoch=self.epoch)
-            except peewee.PeeweeException as e:
-                _log.warning("lease_release_failed", reason=str(e)[:200])
+        self.worker.stop()
 
-    # -- the thread ------------------------------------------------------------------------
+    # -- the worker ------------------------------------------------------------------------
 
     def _took(self, epoch: int, t0: float) -> None:
         with self._lock:
@@ -133,46 +131,41 @@ class Leadership:
         metrics.EPOCH.set(epoch)
         self.on_change(epoch, True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            leading = self.leading()
-            t0 = time.monotonic()
-            try:
-                if leading:
-                    if lease.renew(self.db, self.holder, self.epoch, self.s.lease_s):
-                        with self._lock:
-                            self._valid_until = t0 + self.s.step_down_s
-                        self._healthy()
-                    else:
-                        self.lose("the lease passed to another scheduler or ran out")
+    def _tick(self) -> float:
+        leading = self._ticked_leading = self.leading()
+        t0 = time.monotonic()
+        try:
+            if leading:
+                if lease.renew(self.db, self.holder, self.epoch, self.s.lease_s):
+                    with self._lock:
+                        self._valid_until = t0 + self.s.step_down_s
                 else:
-                    if self._valid_until:  # ran out without a renewal: the loop has stopped
-                        self.lose(f"no renewal for {self.s.step_down_s:g}s")
-                    epoch = lease.acquire(self.db, self.holder, self.name, self.admin_url,
-                                          self.s.lease_s)  # fmt: skip
-                    self._healthy()
-                    if epoch is not None:
-                        self._took(epoch, t0)
-                lease.seen(self.db, self.name, self.holder,
-                           "leader" if self.leading() else "standby", self.admin_url)  # fmt: skip
-            except peewee.PeeweeException as e:
-                self._store_failed(e, leading)
+                    self.lose("the lease passed to another scheduler or ran out")
+            else:
+                if self._valid_until:  # ran out without a renewal: the loop has stopped
+                    self.lose(f"no renewal for {self.s.step_down_s:g}s")
+                epoch = lease.acquire(self.db, self.holder, self.name, self.admin_url,
+                                      self.s.lease_s)  # fmt: skip
+                if epoch is not None:
+                    self._took(epoch, t0)
+            lease.seen(self.db, self.name, self.holder,
+                       "leader" if self.leading() else "standby", self.admin_url)  # fmt: skip
+        finally:
             metrics.LEADER.labels(self.name).set(1 if self.leading() else 0)
-            wait = self.s.renew_s if self.leading() else self.s.standby_retry_s
-            self._stop.wait(max(0.0, wait - (time.monotonic() - t0)))
+        wait = self.s.renew_s if self.leading() else self.s.standby_retry_s
+        return max(0.0, wait - (time.monotonic() - t0))
 
-    def _healthy(self) -> None:
-        if self._failing:
-            _log.info("store_reachable_again", epoch=self.epoch)
-            self._failing = False
-
-    def _store_failed(self, e: Exception, leading: bool) -> None:
-        """Keep trying on a fresh connection; a leader that cannot renew stops acting
-        step_down_s after its last renewal, by `leading()`."""
-        if leading:
+    def _store_failed(self, e: BaseException) -> None:
+        """A leader that cannot renew stops acting step_down_s after its last renewal, by
+        `leading()`; the worker tries again on a fresh connection."""
+        if self._ticked_leading:
             self.renew_failures += 1
             metrics.RENEW_FAILURES.inc()
-        if not self._failing:
-            _log.warning("lease_store_failed", leading=leading, reason=str(e)[:200])
-            self._failing = True
-        drop_connection(self.db)
+
+    def _release(self) -> None:
+        if self.leading():
+            try:
+                lease.release(self.db, self.holder, self.epoch)
+                _log.info("lease_released", epoch=self.epoch)
+            except peewee.PeeweeException as e:
+                _log.warning("lease_release_failed", reason=str(e)[:200])

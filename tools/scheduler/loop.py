@@ -18,14 +18,14 @@ _log = log.get("llmgw.scheduler")
 
 
 def lookup_peer(public_key: str) -> str | None:
-    """A registered peer's name, read from the store (on the authenticator's thread)."""
-    from llmgw.store import db_proxy
-
+    """A registered peer's name, read from the store on the authenticator's thread, on the
+    one connection that thread keeps (opened at its first lookup, and again only after an
+    error) rather than a new database session for every unknown key's handshake."""
     try:
-        with db_proxy.obj.connection_context():
-            peer = BusPeer.get_or_none(BusPeer.public_key == public_key)
+        peer = BusPeer.get_or_none(BusPeer.public_key == public_key)
     except Exception as e:  # the store is down: the peer retries, we say why
         _log.warning("peer_lookup_failed", reason=str(e)[:200])
+        drop_connection()
         return None
     return peer.name if peer else None
 

@@ -26,7 +26,6 @@ from llmgw.store import (
     RuntimeModel,
     drop_connection,
 )
-from llmgw_scheduler import metrics
 from llmgw_scheduler.inventory import LIVE, Inventory, Replica
 from llmgw_scheduler.needs import Needs
 
@@ -117,22 +116,23 @@ class Scheduler:
             for r in vanished:
                 _log.warning("replica_vanished", replica=r.id, model=r.model, node=sender)
                 if r.state != "stopping":
-                    self._failed(r.model, now)
+                    self._failed(r.model, now, counts=_a_start(r.state, r.orphaned))
             self.routes_dirty |= changed
         elif kind == "shard_status":
             shard = body.get("shard") or {}
             before = self.inv.replicas.get(shard.get("id"))
             before_state = before.state if before else None
+            orphaned = before is not None and before.orphaned
             if shard.get("id") in self.intents:
                 self._intents_done.add(shard["id"])
             if self.inv.shard_update(sender, shard, now):
                 self.routes_dirty = True
-                self._shard_changed(sender, shard, before_state, now)
+                self._shard_changed(sender, shard, before_state, now, orphaned)
         elif kind == "want":
             model = self._by_alias.get(body.get("model", ""))
             if model is not None:
                 m = self.models[model]
-                if m.min == 0 and not self.active(m, now):
+                if m.min == 0 and not self.active(m, now) and self.leading():
                     _log.info("model_wanted", model=model, by=sender)
                 self.last_active[model] = now
                 self.wake = True  # place it now, not at the next tick
@@ -168,7 +168,8 @@ class Scheduler:
                     reason=body.get("reason") or None,
                 )
 
-    def _shard_changed(self, node: str, shard: dict, before: str | None, now: float) -> None:
+    def _shard_changed(self, node: str, shard: dict, before: str | None, now: float,
+                       orphaned: bool = False) -> None:  # fmt: skip
         state, model = shard.get("state"), shard.get("model", "")
         _log.info(
             "replica_state",
@@ -185,9 +186,15 @@ class Scheduler:
             if m is not None and shard.get("rss") and self.leading():  # a standby writes nothing
                 self.needs.record(m, int(shard["rss"]))
         elif state == "failed" and before != "stopping":
-            self._failed(model, now, shard.get("reason") or "")
+            self._failed(model, now, shard.get("reason") or "", counts=_a_start(before, orphaned))
 
-    def _failed(self, model: str, now: float, reason: str = "") -> None:
+    def _failed(self, model: str, now: float, reason: str = "", counts: bool = True) -> None:
+        """A replica of `model` failed. Only a failed start (`counts`: its engine never
+        became ready, on a node that stayed up) backs off and counts toward parking: a
+        node crash once counted as one, so five crashes would have parked a healthy
+        model. A standby keeps the count quietly: retrying is the leader's to say."""
+        if not counts:
+            return
         if reason:
             self.last_error[model] = reason[-2000:]
         b = after_failure(
@@ -198,9 +205,9 @@ class Scheduler:
             self.cfg.backoff_max_s,
         )
         self.backoff[model] = b
-        _log.warning(
-            "start_failed", model=model, failures=b.failures, retry_in_s=round(b.next_at - now, 1)
-        )
+        if self.leading():
+            _log.warning("start_failed", model=model, failures=b.failures,
+                         retry_in_s=round(b.next_at - now, 1))  # fmt: skip
         m = self.models.get(model)
         if m is not None and b.failures >= PARK_AFTER and model not in self.parked:
             if self.leading():  # a standby reads the park from the store when it takes over
@@ -375,8 +382,11 @@ class Scheduler:
         """(state, reason): serving, starting, backoff, parked, unplaceable or stopped."""
         if model in self.parked:
             return "parked", self.parked[model].reason
+        lost = self.inv.lost_nodes()
         ready = sum(
-            1 for r in self.inv.replicas.values() if r.model == model and r.state == "ready"
+            1
+            for r in self.inv.replicas.values()
+            if r.model == model and r.state == "ready" and r.node not in lost
         )
         if ready:
             return "serving", ""
@@ -514,7 +524,6 @@ class Scheduler:
     def standby_tick(self) -> None:
         """A standby's pass: keep the inventory's node states current, decide nothing."""
         self.inv.mark_lost(self.clock(), self.cfg.node_lost_s)
-        metrics.standby()
 
     def _forget_intents(self) -> None:
         """Intents whose replicas an agent has reported are done with."""
@@ -573,7 +582,6 @@ class Scheduler:
         self._drain_pass(now)
         self._evict_for(decisions.unplaceable, now)
         self._report_unplaceable(decisions.unplaceable)
-        metrics.observe(self)
 
     def _evict_for(self, unplaceable: dict, now: float) -> None:
         """Make room for a wanted on-demand model that fits nowhere by retiring the least
@@ -593,10 +601,11 @@ class Scheduler:
                 ),
                 key=lambda m: self.last_active.get(m.name, 0.0),
             )
+            lost = self.inv.lost_nodes()
             for victim in others:
                 freed: dict[str, int] = {}
                 for r in self.inv.replicas.values():
-                    if r.model == victim.name and r.state in LIVE:
+                    if r.model == victim.name and r.state in LIVE and r.node not in lost:
                         freed[r.node] = freed.get(r.node, 0) + self.needs.need(victim).memory
                 views = [
                     dataclasses.replace(v, memory_free=v.memory_free + freed.get(v.id, 0))
@@ -677,7 +686,8 @@ class Scheduler:
                 )
                 self.inv.replicas.pop(r.id)
                 self._send(r.node, "stop_shard", {"id": r.id})
-                self._failed(r.model, now)
+                lost = r.orphaned or r.node in self.inv.lost_nodes()
+                self._failed(r.model, now, counts=not lost)
                 if r.id in self.intents:
                     self._intents_done.add(r.id)
 
@@ -780,6 +790,13 @@ class Scheduler:
                 }
             )
         return {"seq": self.seq, "replicas": out, "models": models}
+
+
+def _a_start(state: str | None, orphaned: bool) -> bool:
+    """Whether a replica that failed in `state` was a start its engine failed: not one
+    that had served (a crash or an agent restart ends it, not a failed load), and not
+    one whose node was lost meanwhile. One we never heard of (None) was starting."""
+    return not orphaned and state in (None, "pending", "starting")
 
 
 def _gib(n) -> str:

@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 
-from llmgw import apikeys, bus, catalog, config, log, restarts
+from llmgw import apikeys, audit, bus, catalog, config, log, restarts
 from llmgw.catalog import Model
 from llmgw.errors import ConfigError
 from llmgw.placement import NodeView, place
@@ -447,6 +447,7 @@ class Scheduler:
             # Beyond the replacement's own start timeout: stopping the old one comes first.
             2 * self.cfg.start_timeout_s,
             holds,
+            deadline_s=self.cfg.restart_deadline_s,
         )
         for job, node in steps.surge:
             job.replacement = self._start(job.model, node, now) or ""
@@ -465,10 +466,21 @@ class Scheduler:
             else:
                 _log.warning("restart_given_up", replica=job.replica, model=job.model,
                              reason=job.reason)  # fmt: skip
+                self._audit("restart.given_up", job.replica, model=job.model,
+                            reason=job.reason)  # fmt: skip
         if steps.ended:
             active = [j for j in self.restarts if j.active]
             ended = [j for j in self.restarts if not j.active][-restarts.KEEP_ENDED :]
             self.restarts = active + ended
+
+    def _audit(self, action: str, target: str, **detail) -> None:
+        """What the scheduler decided on an operator's behalf, beside their changes in the
+        audit log (actor `scheduler`); a store that cannot take it leaves the log line."""
+        try:
+            audit.record(action, "scheduler", "", target, now=self.clock(), **detail)
+        except Exception as e:
+            _log.error("audit_write_failed", action=action, target=target, reason=str(e)[:200])
+            drop_connection()
 
     def restart_state(self, replica: str) -> str | None:
         """'queued' or 'replacing' while a restart of `replica` is under way."""

@@ -251,3 +251,25 @@ def test_a_replica_s_idle_time_is_known_from_the_router_and_published(cluster, a
     text = requests.get(f"http://127.0.0.1:{cluster.sched_metrics}/metrics", timeout=5).text
     assert f'llmgw_replica_idle_seconds{{model="m",node="node-a",replica="{rid}"}}' in text
     assert "IDLE" in cluster.ctl("replicas").stdout
+
+
+def test_a_wanted_model_that_fits_nowhere_is_refused_at_once_and_placed_once_room_comes(
+    cluster, api_key
+):
+    cluster.add_model("big", memory=4 * GiB, min_=0)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)
+    cluster.start_router(api_key[1])  # activation window: 20 s
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    eventually(lambda: "routes_applied" in cluster.router.log(), what="the router's table")
+    started = time.monotonic()
+    refused = cluster.chat("big", timeout=30)
+    assert refused.status_code == 503, refused.text
+    assert time.monotonic() - started < 10, "answered on the fresh attempt, not the window"
+    assert refused.json()["error"]["code"] == "model_unplaceable"
+    assert "needs 4 GiB" in refused.json()["error"]["message"]
+    assert "Retry-After" not in refused.headers
+    # Room comes: the next request is not refused on the last answer, it is served.
+    cluster.start_agent("node-b", memory=8 * GiB)
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 2, what="node-b to join")
+    assert cluster.chat("big", timeout=30).status_code == 200

@@ -34,6 +34,9 @@ _log = log.get("llmgw.scheduler")
 # Failed starts in a row before a model is parked: a model whose weights its engine could
 # not load was once started 155 times over eight hours.
 PARK_AFTER = 5
+# After an eviction's victim is gone, how long its room may take to show in the agents'
+# reports before the model it was evicted for is unplaceable again.
+ROOM_GRACE_S = 10.0
 
 
 class Scheduler:
@@ -65,6 +68,14 @@ class Scheduler:
         self.last_active: dict[str, float] = {}  # model -> when a router last used it
         # model -> when it was evicted: only requests after that make it active again
         self.evicted_at: dict[str, float] = {}
+        # On-demand wants, numbered by each router: (model, router) -> the newest want
+        # not yet answered by a pass, and model -> router -> the newest answered. A router
+        # waits for the answer to its own want, never on an older one (room may have been
+        # made since), and an answer of "unplaceable" is given at once, not after 60 s.
+        self._wants_pending: dict[tuple[str, str], int] = {}
+        self.answered: dict[str, dict[str, int]] = {}
+        # model -> (the model evicted for it, until when room is still coming)
+        self.making_room: dict[str, tuple[str, float]] = {}
         # The raw definitions behind self.models, and which came from the config file.
         self.log_requests: dict[str, dict] = {}  # request id -> {"done", "reply"}
         self.model_configs: list = []
@@ -135,6 +146,10 @@ class Scheduler:
                 if m.min == 0 and not self.active(m, now) and self.leading():
                     _log.info("model_wanted", model=model, by=sender)
                 self.last_active[model] = now
+                n = body.get("n")
+                if isinstance(n, int) and not isinstance(n, bool):
+                    key = (model, sender)
+                    self._wants_pending[key] = max(n, self._wants_pending.get(key, 0))
                 self.wake = True  # place it now, not at the next tick
         elif kind == "activity":
             for name, idle in (body.get("idle_s") or {}).items():
@@ -390,6 +405,8 @@ class Scheduler:
         )
         if ready:
             return "serving", ""
+        if model in self.making_room:
+            return "starting", f"making room: {self.making_room[model][0]} is being stopped"
         if model in self.unplaceable:
             return "unplaceable", self.unplaceable[model]
         b = self.backoff.get(model)
@@ -567,6 +584,7 @@ class Scheduler:
         self._forget_intents()
         if not self.settled(now):
             return
+        asked, self._wants_pending = self._wants_pending, {}
         desired = [self._desired(m, now) for m in self.models.values() if m.name not in self.parked]
         self._restart_pass(now)
         # Replicas on draining nodes do not count, so replacements start elsewhere; the
@@ -594,6 +612,11 @@ class Scheduler:
         self._drain_pass(now)
         self._evict_for(decisions.unplaceable, now)
         self._report_unplaceable(decisions.unplaceable)
+        self._room_coming(now)
+        for (model, router), n in asked.items():  # this pass is their answer
+            mine = self.answered.setdefault(model, {})
+            mine[router] = max(n, mine.get(router, 0))
+            self.routes_dirty = True
 
     def _evict_for(self, unplaceable: dict, now: float) -> None:
         """Make room for a wanted on-demand model that fits nowhere by retiring the least
@@ -632,8 +655,20 @@ class Scheduler:
                     )
                     self.last_active[victim.name] = float("-inf")
                     self.evicted_at[victim.name] = now
+                    self.making_room[name] = (victim.name, now + ROOM_GRACE_S)
                     self.wake = True
                     break
+
+    def _room_coming(self, now: float) -> None:
+        """Keep a model whose eviction is under way `starting`, not `unplaceable`, until
+        its victim's replicas are gone and the agents have reported the memory free."""
+        for name, (victim, until) in list(self.making_room.items()):
+            if name not in self.unplaceable:
+                del self.making_room[name]  # placed, or no longer wanted
+            elif any(r.model == victim for r in self.inv.replicas.values()):
+                self.making_room[name] = (victim, now + ROOM_GRACE_S)
+            elif now >= until:
+                del self.making_room[name]
 
     def active(self, m: Model, now: float) -> bool:
         """An on-demand model is active from a request until keep_alive_s after the last."""
@@ -793,14 +828,11 @@ class Scheduler:
         models = []
         for m in self.models.values():
             state, reason = self.model_status(m.name)
-            models.append(
-                {
-                    "name": m.name,
-                    "aliases": list(m.aliases),
-                    "state": state,
-                    "reason": reason[-500:],
-                }
-            )
+            entry = {"name": m.name, "aliases": list(m.aliases), "state": state,
+                     "reason": reason[-500:]}  # fmt: skip
+            if m.name in self.answered:
+                entry["answered"] = dict(self.answered[m.name])  # router -> its want number
+            models.append(entry)
         return {"seq": self.seq, "replicas": out, "models": models}
 
 

@@ -222,6 +222,8 @@ def test_a_wanted_on_demand_model_evicts_the_least_recently_used_one(cluster, ap
     cluster.start_agent("node-a", memory=2 * GiB)  # room for one of them at a time
     cluster.start_router(api_key[1])
     eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    # Before its first table a router knows no model (issue 17, fault 2).
+    eventually(lambda: "routes_applied" in cluster.router.log(), what="the router's table")
     assert cluster.chat("first", timeout=30).status_code == 200
     assert cluster.chat("second", timeout=30).status_code == 200
     assert "model_evicted model=first for_model=second" in cluster.scheduler.log()

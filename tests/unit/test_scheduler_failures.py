@@ -88,3 +88,15 @@ def test_a_standby_logs_no_start_failed(tmp_path, caplog):
     assert "replica_state" in err  # it did hear of it
     assert "start_failed" not in err
     assert "retry_in_s" not in err
+
+
+def test_an_agent_restart_that_finds_its_engine_gone_is_no_failed_start(fleet):
+    rid = fleet.start_ready("a")  # the node rebooted faster than node_lost_s
+    fleet.shard("a", rid, "failed", "not running after agent restart")
+    assert failures(fleet) == 0
+
+
+def test_an_engine_that_dies_after_serving_backs_off_like_any_engine_failure(fleet):
+    rid = fleet.start_ready("a")
+    fleet.shard("a", rid, "failed", "Segmentation fault")
+    assert failures(fleet) == 1

@@ -65,6 +65,8 @@ def test_a_removed_parked_model_s_series_are_gone_from_the_next_scrape(fleet):
 
 
 def test_a_standby_publishes_no_fleet_series(fleet):
+    assert "llmgw_nodes_up" not in scrape(fleet), "a leader before its first pass neither"
+    fleet.tick()
     fleet.is_leading = False
     text = scrape(fleet)
     assert "llmgw_model_" not in text

@@ -44,9 +44,9 @@ STATES = ("pending", "starting", "ready", "draining", "stopping", LOST)
 
 class Fleet:
     """A prometheus_client collector of the fleet's series, read at scrape time under the
-    scheduler's lock. A standby, or a leader still settling (its inventory is not whole
-    yet), publishes none of them: only the leader's count, so an alert never fires twice
-    or on a standby's stale idea of what is parked."""
+    scheduler's lock. A standby, or a leader before its first pass (still settling: its
+    inventory is not whole yet), publishes none of them: only the leader's count, so an
+    alert never fires twice or on a standby's stale idea of what is parked."""
 
     def __init__(self, sched):
         self.sched = sched
@@ -58,7 +58,7 @@ class Fleet:
         s = self.sched
         with s.lock:
             now = s.clock()
-            if not s.leading() or not s.settled(now):
+            if not s.leading() or s.last_pass_at is None:
                 return
             yield from self._families(s, now)
 

@@ -52,6 +52,9 @@ class Scheduler:
         self.inv = Inventory()
         self.backoff: dict[str, Backoff] = {}
         self.started_at = clock()
+        # When our last pass as leader ran (None: none since we started or took over):
+        # fleet metrics wait for it, as routes do, so they never show a half-heard fleet.
+        self.last_pass_at: float | None = None
         self.epoch = 0
         self.seq = 0
         self.routes_dirty = True
@@ -201,13 +204,18 @@ class Scheduler:
             if m is not None and shard.get("rss") and self.leading():  # a standby writes nothing
                 self.needs.record(m, int(shard["rss"]))
         elif state == "failed" and before != "stopping":
-            self._failed(model, now, shard.get("reason") or "", counts=_a_start(before, orphaned))
+            reason = shard.get("reason") or ""
+            # An engine that died after it was ready still backs off (its failures start
+            # again at its next ready); one gone with its node or agent is no failure.
+            counts = not orphaned and reason != bus.GONE_AFTER_AGENT_RESTART
+            self._failed(model, now, reason, counts=counts)
 
     def _failed(self, model: str, now: float, reason: str = "", counts: bool = True) -> None:
-        """A replica of `model` failed. Only a failed start (`counts`: its engine never
-        became ready, on a node that stayed up) backs off and counts toward parking: a
-        node crash once counted as one, so five crashes would have parked a healthy
-        model. A standby keeps the count quietly: retrying is the leader's to say."""
+        """A replica of `model` failed. Only its engine's failure (`counts`: not a node
+        lost, an agent restarted, or a served replica vanishing from a heartbeat) backs
+        off and counts toward parking: a node crash once counted as one, so five crashes
+        would have parked a healthy model. A standby keeps the count quietly: retrying
+        is the leader's to say."""
         if not counts:
             return
         if reason:
@@ -515,6 +523,7 @@ class Scheduler:
         leader was starting — so nothing is started twice."""
         self.epoch = epoch
         self.started_at = now
+        self.last_pass_at = None
         for node in self.inv.nodes.values():
             node.last_seen = max(node.last_seen, now)
         dropped = [j.replica for j in self.restarts if j.active]
@@ -613,6 +622,7 @@ class Scheduler:
         self._evict_for(decisions.unplaceable, now)
         self._report_unplaceable(decisions.unplaceable)
         self._room_coming(now)
+        self.last_pass_at = now
         for (model, router), n in asked.items():  # this pass is their answer
             mine = self.answered.setdefault(model, {})
             mine[router] = max(n, mine.get(router, 0))
@@ -837,9 +847,9 @@ class Scheduler:
 
 
 def _a_start(state: str | None, orphaned: bool) -> bool:
-    """Whether a replica that failed in `state` was a start its engine failed: not one
-    that had served (a crash or an agent restart ends it, not a failed load), and not
-    one whose node was lost meanwhile. One we never heard of (None) was starting."""
+    """Whether a replica that vanished from its node's heartbeat in `state` was a start
+    that failed: not one that had served (the agent lost it, not its engine), and not one
+    whose node was lost meanwhile. One we never heard of (None) was starting."""
     return not orphaned and state in (None, "pending", "starting")
 
 

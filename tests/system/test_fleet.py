@@ -197,6 +197,8 @@ def test_an_on_demand_model_starts_when_asked_for_and_stops_when_idle(cluster, a
     cluster.start_agent("node-a", memory=2 * GiB)
     cluster.start_router(api_key[1])
     eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    # Before its first table a router knows no model (issue 17, fault 2).
+    eventually(lambda: "routes_applied" in cluster.router.log(), what="the router's table")
     assert cluster.shards("node-a") == [], "an on-demand model does not start by itself"
 
     # The first request waits while the model is placed and started, then is answered.

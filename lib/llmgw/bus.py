@@ -24,6 +24,9 @@ from llmgw.errors import Error
 
 VERSION = 1
 SCHEDULER = "scheduler"  # the scheduler's keypair name
+# The reason a restarted agent gives for a shard whose engine it did not find running
+# (after a reboot, say): the node's doing, never its engine's, so not a failed start.
+GONE_AFTER_AGENT_RESTART = "not running after agent restart"
 
 
 class BusError(Error):

@@ -123,6 +123,9 @@ class SchedulerConfig:
     # `llmgw drain`: a replica on a draining node is stopped once the model has enough
     # ready replicas elsewhere, or after this long regardless.
     drain_grace_s: float = 600.0
+    # `llmgw restart`: a queued restart that waits this long while its model's restarts
+    # do not move (none begins or ends) is given up, with the reason (0: never).
+    restart_deadline_s: float = 3600.0
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0
     # After its own start, wait this long for agents to report before starting anything,

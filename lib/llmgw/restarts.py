@@ -15,12 +15,18 @@ said; the old replica keeps serving.
 Replicas of one model are restarted one at a time unless `max_surge` (replacements
 beside their old ones at once) or `max_unavailable` (old ones stopped before their
 replacement is ready) allow more: at most max(max_surge, max_unavailable) in flight.
+With `max_surge` 0 nothing is started beside: up to `max_unavailable` old replicas are
+stopped first and their successors started in their place (it once waited forever on a
+fleet with room beside them).
+
+A queued restart that waits `deadline_s` without its model's restarts moving (one of
+them beginning or ending) is given up, with the reason: nothing waits forever.
 """
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from llmgw.placement import Fleet, Need, NodeView, place
+from llmgw.placement import Fleet, Need, NodeView, gpus_needed, place
 from llmgw.reconciler import READY, ReplicaView
 
 QUEUED, REPLACING, DONE, GIVEN_UP = "queued", "replacing", "done", "given up"
@@ -44,6 +50,10 @@ class Restart:
     ready_before: int = 0  # in place: the model's ready replicas when the old one stopped
     since: float = 0.0  # replacing since / ended at
     reason: str = ""  # why it was given up, or how it ended
+    waiting_since: float = 0.0  # queued: since when its model's restarts last moved
+
+    def __post_init__(self):
+        self.waiting_since = self.waiting_since or self.queued_at
 
     @property
     def active(self) -> bool:
@@ -65,11 +75,13 @@ def _end(steps: Steps, r: Restart, state: str, reason: str, now: float) -> None:
 
 def plan(restarts: list[Restart], replicas: dict[str, ReplicaView], nodes: list[NodeView],
          needs: dict[str, Need], now: float, timeout_s: float,
-         holds: dict[str, int] | None = None) -> Steps:  # fmt: skip
+         holds: dict[str, int] | None = None, deadline_s: float = 0.0) -> Steps:  # fmt: skip
     """One pass over `restarts` (in queue order). The caller starts the surge
     replacements and sets `replacement` on each. `holds` is the memory each replica
-    takes in the node views (default: its model's need)."""
+    takes in the node views (default: its model's need). `deadline_s` (0: none) is how
+    long a queued restart may wait without its model's restarts moving."""
     steps = Steps()
+    moved = _Moved(now)
     ready: dict[str, int] = {}
     for v in replicas.values():
         if v.state == READY:
@@ -108,6 +120,8 @@ def plan(restarts: list[Restart], replicas: dict[str, ReplicaView], nodes: list[
                 )
         if r.state == REPLACING:
             in_flight.setdefault(r.model, [0, 0])[r.how == IN_PLACE] += 1
+        else:
+            moved.began(r.model)  # it ended
 
     fleet = Fleet(nodes)
     for r in restarts:
@@ -117,6 +131,12 @@ def plan(restarts: list[Restart], replicas: dict[str, ReplicaView], nodes: list[
         if old is None or old.state in GONE:
             _end(steps, r, DONE, "it went away before its turn", now)
             continue
+        moved.note(r)
+        if deadline_s and now - r.waiting_since > deadline_s:
+            _end(steps, r, GIVEN_UP,
+                 f"it waited {deadline_s:g}s in the queue while its model's restarts did "
+                 "not move (scheduler.restart_deadline_s); it keeps serving", now)  # fmt: skip
+            continue
         flight = in_flight.setdefault(r.model, [0, 0])
         if sum(flight) >= max(r.max_surge, r.max_unavailable, 1):
             continue  # its model's earlier restarts go first
@@ -124,7 +144,7 @@ def plan(restarts: list[Restart], replicas: dict[str, ReplicaView], nodes: list[
         if need is None:
             _end(steps, r, GIVEN_UP, "its model is no longer in the catalog", now)
             continue
-        if not r.in_place:
+        if not r.in_place and r.max_surge > 0:
             p = fleet.place(need)
             if p.node is not None and not p.install:
                 if flight[0] < r.max_surge:
@@ -139,8 +159,9 @@ def plan(restarts: list[Restart], replicas: dict[str, ReplicaView], nodes: list[
                      "no room beside it, and --max-unavailable 0 forbids stopping it first",
                      now)  # fmt: skip
             continue
-        freed = (holds or {}).get(old.id, need.memory)
-        p = place(need, _without(nodes, old, freed if need.gpus == 0 else 0))
+        k = gpus_needed(need)
+        freed = 0 if k else (holds or {}).get(old.id, need.memory)
+        p = place(need, _without(nodes, old, freed, k, need.memory))
         if p.node is None:
             why = "; ".join(f"{n}: {w}" for n, w in sorted(p.reasons.items())) or "no nodes"
             _end(steps, r, GIVEN_UP, f"nothing would fit even without it ({why})", now)
@@ -149,17 +170,51 @@ def plan(restarts: list[Restart], replicas: dict[str, ReplicaView], nodes: list[
         r.ready_before = ready.get(r.model, 0)
         steps.stop_now.append(r)
         flight[1] += 1
+    for r, _ in steps.surge:
+        moved.began(r.model)
+    for r in steps.stop_now:
+        moved.began(r.model)
+    moved.apply()
     return steps
 
 
-def _without(nodes: list[NodeView], old: ReplicaView, freed: int) -> list[NodeView]:
-    """The node views as they would be with `old` stopped: its memory and its place in
-    the spread count back (GPU memory is not: a GPU model's restart surges or waits)."""
+class _Moved:
+    """Which models' restarts moved this pass (one began or ended): their queued ones
+    start waiting afresh, for the deadline."""
+
+    def __init__(self, now: float):
+        self.now = now
+        self.models: set[str] = set()
+        self.queued: list[Restart] = []
+
+    def note(self, r: Restart) -> None:
+        self.queued.append(r)
+
+    def began(self, model: str) -> None:
+        self.models.add(model)
+
+    def apply(self) -> None:
+        for r in self.queued:
+            if r.state == QUEUED and r.model in self.models:
+                r.waiting_since = self.now
+
+
+def _without(nodes: list[NodeView], old: ReplicaView, freed: int, gpus: int = 0,
+             gpu_memory: int = 0) -> list[NodeView]:  # fmt: skip
+    """The node views as they would be with `old` stopped: its host memory (`freed`), its
+    GPUs and its place in the spread count back. The views do not say which GPUs it
+    holds; a GPU model's replica takes `gpus` GPUs with `gpu_memory` free each, so that
+    much goes back to the fullest `gpus` of them (a GPU model on a full GPU node could
+    otherwise never be restarted in place)."""
     out = []
     for n in nodes:
         if n.id == old.node:
             counts = dict(n.replicas)
             counts[old.model] = max(0, counts.get(old.model, 0) - 1)
-            n = dataclasses.replace(n, memory_free=n.memory_free + freed, replicas=counts)
+            free = sorted(n.gpus_free)
+            for i in range(min(gpus, len(free))):
+                free[i] += gpu_memory
+            n = dataclasses.replace(n, memory_free=n.memory_free + freed, replicas=counts,
+                                    gpus_free=tuple(free))  # fmt: skip
         out.append(n)
     return out

@@ -197,6 +197,8 @@ def test_an_on_demand_model_starts_when_asked_for_and_stops_when_idle(cluster, a
     cluster.start_agent("node-a", memory=2 * GiB)
     cluster.start_router(api_key[1])
     eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    # Before its first table a router knows no model (issue 17, fault 2).
+    eventually(lambda: "routes_applied" in cluster.router.log(), what="the router's table")
     assert cluster.shards("node-a") == [], "an on-demand model does not start by itself"
 
     # The first request waits while the model is placed and started, then is answered.
@@ -222,6 +224,8 @@ def test_a_wanted_on_demand_model_evicts_the_least_recently_used_one(cluster, ap
     cluster.start_agent("node-a", memory=2 * GiB)  # room for one of them at a time
     cluster.start_router(api_key[1])
     eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    # Before its first table a router knows no model (issue 17, fault 2).
+    eventually(lambda: "routes_applied" in cluster.router.log(), what="the router's table")
     assert cluster.chat("first", timeout=30).status_code == 200
     assert cluster.chat("second", timeout=30).status_code == 200
     assert "model_evicted model=first for_model=second" in cluster.scheduler.log()
@@ -256,3 +260,25 @@ def test_a_replica_s_idle_time_is_known_from_the_router_and_published(cluster, a
     text = requests.get(f"http://127.0.0.1:{cluster.sched_metrics}/metrics", timeout=5).text
     assert f'llmgw_replica_idle_seconds{{model="m",node="node-a",replica="{rid}"}}' in text
     assert "IDLE" in cluster.ctl("replicas").stdout
+
+
+def test_a_wanted_model_that_fits_nowhere_is_refused_at_once_and_placed_once_room_comes(
+    cluster, api_key
+):
+    cluster.add_model("big", memory=4 * GiB, min_=0)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)
+    cluster.start_router(api_key[1])  # activation window: 20 s
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    eventually(lambda: "routes_applied" in cluster.router.log(), what="the router's table")
+    started = time.monotonic()
+    refused = cluster.chat("big", timeout=30)
+    assert refused.status_code == 503, refused.text
+    assert time.monotonic() - started < 10, "answered on the fresh attempt, not the window"
+    assert refused.json()["error"]["code"] == "model_unplaceable"
+    assert "needs 4 GiB" in refused.json()["error"]["message"]
+    assert "Retry-After" not in refused.headers
+    # Room comes: the next request is not refused on the last answer, it is served.
+    cluster.start_agent("node-b", memory=8 * GiB)
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 2, what="node-b to join")
+    assert cluster.chat("big", timeout=30).status_code == 200

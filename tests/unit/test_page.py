@@ -73,7 +73,9 @@ def test_parked_and_unplaceable_models_come_first_with_what_to_do():
     assert "llmgw explain-placement c-unfit" in action and "needs 90 GiB" in action
     models = page.split("<h2>Models</h2>", 1)[1]
     assert models.index("b-parked") < models.index("c-unfit") < models.index("a-fine")
-    assert "<td>1..2</td>" in models and "<td>bad magic</td>" in models, "the reason's last line"
+    assert "<td>1 (1..2)</td>" in models and "<td>bad magic</td>" in models, (
+        "the reason's last line"
+    )
     assert "<td>3h</td>" in page, "the replica's age"
 
 

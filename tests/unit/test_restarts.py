@@ -138,3 +138,62 @@ def test_a_replica_gone_before_its_turn_ends_its_restart():
     j = job("r1")
     steps = plan([j], {}, [node("a")], NEEDS, 10.0, TIMEOUT)
     assert j.state == DONE and steps.ended == [j] and steps.surge == []
+
+
+def test_max_surge_0_stops_first_then_the_successor_starts_even_with_room_beside():
+    jobs = [job("r1", max_surge=0, max_unavailable=1), job("r2", node="b", max_surge=0)]
+    replicas = as_dict(rep("r1"), rep("r2", node="b"))
+    nodes = [node("a", gib=64), node("b", gib=64)]  # room beside both
+    steps = plan(jobs, replicas, nodes, NEEDS, 10.0, TIMEOUT)
+    assert steps.surge == [] and steps.stop_now == [jobs[0]]
+    assert (jobs[0].how, jobs[1].state) == (IN_PLACE, QUEUED)  # one unavailable at a time
+
+
+def test_max_unavailable_n_with_max_surge_0_stops_n_at_once():
+    jobs = [job(f"r{i}", node=f"n{i}", max_surge=0, max_unavailable=2) for i in range(3)]
+    replicas = as_dict(*(rep(f"r{i}", node=f"n{i}") for i in range(3)))
+    nodes = [node(f"n{i}", gib=64) for i in range(3)]
+    steps = plan(jobs, replicas, nodes, NEEDS, 10.0, TIMEOUT)
+    assert [j.replica for j in steps.stop_now] == ["r0", "r1"]
+    assert jobs[2].state == QUEUED
+
+
+def test_a_queued_restart_that_waits_past_its_deadline_is_given_up_with_the_reason():
+    stuck = job("r1")  # in flight, and stays so: its own timeout is far off
+    stuck.state, stuck.how, stuck.since, stuck.replacement = REPLACING, SURGE, 0.0, "r9"
+    behind = job("r2", node="b")
+    replicas = as_dict(rep("r1"), rep("r2", node="b"), rep("r9", node="c", state="starting"))
+    nodes = [node("a"), node("b"), node("c")]
+    steps = plan([stuck, behind], replicas, nodes, NEEDS, 50.0, 1e9, deadline_s=60)
+    assert behind.state == QUEUED and steps.ended == []
+    steps = plan([stuck, behind], replicas, nodes, NEEDS, 61.0, 1e9, deadline_s=60)
+    assert behind.state == GIVEN_UP and steps.ended == [behind]
+    assert "waited 60s in the queue" in behind.reason
+    assert "scheduler.restart_deadline_s" in behind.reason
+
+
+def test_the_deadline_counts_from_the_model_s_last_restart_not_from_the_queue():
+    first, second = job("r1"), job("r2", node="b")
+    replicas = as_dict(rep("r1"), rep("r2", node="b"))
+    nodes = [node("a"), node("b"), node("c")]
+    plan([first, second], replicas, nodes, NEEDS, 50.0, 1e9, deadline_s=60)
+    assert first.state == REPLACING  # the model's restarts moved at 50
+    first.replacement = "r9"
+    replicas["r9"] = rep("r9", node="c", state="starting")
+    plan([first, second], replicas, nodes, NEEDS, 100.0, 1e9, deadline_s=60)
+    assert second.state == QUEUED  # 50 s since the model last moved, not 100
+
+
+GPU = "vllm-0.8.5"
+
+
+def test_a_gpu_model_on_a_full_gpu_node_is_restarted_in_place_counting_its_freed_gpus():
+    needs = {"g": Need("g", 20 * GiB, 1, GPU)}
+    j = job("r1", model="g", in_place=True)
+    replicas = as_dict(rep("r1", model="g"))
+    # One 24 GiB GPU, 22 GiB of it held by r1; plenty of host memory.
+    nodes = [NodeView("a", memory_free=64 * GiB, gpus_free=(2 * GiB,),
+                      engines={GPU: "installed"}, replicas={"g": 1})]  # fmt: skip
+    steps = plan([j], replicas, nodes, needs, 10.0, TIMEOUT)
+    assert steps.stop_now == [j], j.reason
+    assert (j.state, j.how) == (REPLACING, IN_PLACE)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import requests
 
-from llmgw import log
+from llmgw import bus, log
 from llmgw.config import AgentConfig
 from llmgw_agentd import process
 from llmgw_agentd.engines import Installer, Launch, tail_lines
@@ -36,7 +36,7 @@ _log = log.get("llmgw.agentd.supervisor")
 
 STARTING, READY, DRAINING, STOPPED, FAILED = "starting", "ready", "draining", "stopped", "failed"
 STATES = (STARTING, READY, DRAINING, STOPPED, FAILED)
-LOST = "not running after agent restart"
+LOST = bus.GONE_AFTER_AGENT_RESTART
 
 STOP_GRACE_S = 10.0
 # Draining before a stop: how long routers get to apply the table without the engine,

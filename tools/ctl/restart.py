@@ -27,7 +27,8 @@ ENDED = ("done", "given up")
     type=click.IntRange(min=0),
     default=1,
     show_default=True,
-    help="Replicas of one model stopped before their replacement is ready.",
+    help="Replicas of one model stopped before their replacement is ready; with "
+    "--max-surge 0, up to this many are stopped first, then their replacements started.",
 )
 @click.option(
     "--in-place",
@@ -53,8 +54,9 @@ def restart(state, replica_ids, model, every, max_surge, max_unavailable, in_pla
     allow more. Where only the old replica is in the way, it is stopped first and
     replaced in place; where nothing would fit even then, its restart is given up
     and the reason said. The restarts are queued: `llmgw replicas` shows
-    "(restart queued)" and "(restart replacing)"; --wait follows them to the end
-    and exits 1 if any was given up.
+    "(restart queued)" and "(restart replacing)"; one that waits
+    scheduler.restart_deadline_s without its model's restarts moving is given up.
+    --wait follows them to the end and exits 1 if any was given up.
 
     \b
     Examples:

@@ -49,7 +49,7 @@ def print_nodes(nodes: list[dict], now: float) -> None:
                 n["name"],
                 n["state"],
                 f"{gib(n.get('memory_available'))}/{gib(n.get('memory_total'))}"
-                if n["state"] != "never seen"
+                if n["state"] != "never seen" and n.get("memory_available") is not None
                 else "-",
                 gpus_text(n.get("gpus") or []),
                 str(n.get("replicas", 0)),
@@ -65,7 +65,11 @@ def print_models(models: list[dict], detail: bool = False) -> None:
     rows = []
     for m in sorted(models, key=lambda m: m["state"] not in NEEDS_ACTION):
         why = last_line(m.get("reason", "")) if m["state"] in EXPLAINED else ""
-        ready = f"{m.get('ready', 0)}/{m.get('min', 0)}"
+        # What it should have now (an on-demand model in use wants one), not its min: a
+        # wanted on-demand model with no replica reads 0/1, missing.
+        ready = f"{m.get('ready', 0)}/{m.get('desired', m.get('min', 0))}"
+        if m.get("lost"):
+            ready += f" (+{m['lost']} lost)"
         if detail:
             rows.append(
                 [
@@ -82,9 +86,10 @@ def print_models(models: list[dict], detail: bool = False) -> None:
         else:
             rows.append([m["name"], ready, m["state"], why])
     if detail:
-        headers = ["NAME", "ENGINE", "READY/MIN", "MAX", "MEMORY", "STATE", "FAILURES", "REASON"]
+        headers = ["NAME", "ENGINE", "READY/DESIRED", "MAX", "MEMORY", "STATE", "FAILURES",
+                   "REASON"]  # fmt: skip
     else:
-        headers = ["NAME", "READY/MIN", "STATE", "REASON"]
+        headers = ["NAME", "READY/DESIRED", "STATE", "REASON"]
     print_table(headers, rows)
 
 

@@ -92,6 +92,11 @@ class Feed:
         self.name = name
         self.last_used: dict[str, float] = {}  # model -> wall time of its last request
         self._wants: queue.SimpleQueue = queue.SimpleQueue()
+        # Each want is numbered; the schedulers' tables say, per model, the newest of our
+        # wants a placement pass has answered, so a request waits for its own answer.
+        self._want_n = 0
+        self._last_want: dict[str, int] = {}  # model -> our newest want's number
+        self._answered: dict[str, int] = {}  # model or alias -> newest answered number
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -125,21 +130,32 @@ class Feed:
         known = {}
         for m in body.get("models", ()):
             status = (m.get("state", "starting"), m.get("reason", ""))
+            n = (m.get("answered") or {}).get(self.name)
             for name in (m["name"], *m.get("aliases", ())):
                 known[name] = status
+                if isinstance(n, int):  # before apply: the loop reads it once applied
+                    self._answered[name] = max(n, self._answered.get(name, 0))
         self.apply(eps, known)
         return True
 
     # -- wants and activity: the router's side of on-demand models ---------------------
 
-    def want(self, model: str) -> None:
-        """Ask the schedulers to bring `model` up now. Called on the event loop: the
-        feed thread owns the sockets, so hand it over and wake it."""
+    def want(self, model: str) -> int:
+        """Ask the schedulers to bring `model` up now; the want's number, which
+        `answered(model)` reaches once a placement pass has answered it. Called on the
+        event loop: the feed thread owns the sockets, so hand it over and wake it."""
+        self._want_n += 1
+        self._last_want[model] = self._want_n
         self._wants.put(model)
         try:
             os.write(self._wake_w, b"w")
         except BlockingIOError:
             pass  # already woken
+        return self._want_n
+
+    def answered(self, model: str) -> int:
+        """The newest of our wants for `model` that a scheduler's pass has answered."""
+        return self._answered.get(model, 0)
 
     def used(self, model: str, now: float) -> None:
         """Note a request for `model` (the request path: one dict store)."""
@@ -163,7 +179,7 @@ class Feed:
         while not self._wants.empty():
             wanted.add(self._wants.get_nowait())
         for model in wanted:
-            self._send(dealers, "want", {"model": model})
+            self._send(dealers, "want", {"model": model, "n": self._last_want.get(model, 0)})
 
     def _send_activity(self, dealers) -> None:
         """Seconds since each model's and each replica's last request (0 while one is
@@ -181,7 +197,7 @@ class Feed:
         # Ask again for what requests still wait on: a want can be lost (a scheduler
         # restarting, a failover) and the request would wait out its window for nothing.
         for model in self.table.waited_for():
-            self._send(dealers, "want", {"model": model})
+            self._send(dealers, "want", {"model": model, "n": self._last_want.get(model, 0)})
 
     # -- the worker ------------------------------------------------------------------------
 

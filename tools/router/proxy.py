@@ -339,16 +339,21 @@ class Proxy:
 
     async def activate(self, model: str, hurry: bool = False) -> bool:
         """Ask the scheduler for a model that has no ready replica and hold the request
-        up to the activation window while it comes up. A parked or unplaceable model is
-        asked for too — room may have been made since — but the client is answered at
-        once, not kept waiting on a stale answer (nor, with `hurry`, when a fallback may
-        answer sooner than a model that is still starting)."""
-        if self.feed is not None:
-            self.feed.want(model)
+        up to the activation window while it comes up. Each request asks afresh and
+        waits for the answer to its own want only: an earlier "unplaceable" may be stale
+        (room may have been made since), and a fresh one ends the wait at once rather
+        than after the whole window. A parked model is answered at once (so is any, with
+        `hurry`, when a fallback may answer sooner than a model that is still starting)."""
+        n = self.feed.want(model) if self.feed is not None else 0
         state, _ = self.table.status(model) or ("starting", "")
-        if state in ("parked", "unplaceable") or self.activation_s <= 0 or hurry:
+        if state == "parked" or self.activation_s <= 0 or hurry or (state, n) == ("unplaceable", 0):
             return False
-        return await self.table.wait_served(model, self.activation_s)
+
+        def refused() -> bool:  # our own want answered, and the answer is no
+            answer = self.table.status(model) or ("starting", "")
+            return n and self.feed.answered(model) >= n and answer[0] in ("parked", "unplaceable")
+
+        return await self.table.wait_served(model, self.activation_s, refused)
 
     def not_ready(self, model: str, rid: str) -> web.Response:
         """A catalog model with no ready replica: wait for one that is coming, or hear at

@@ -88,26 +88,32 @@ class RoutingTable:
                 if not fut.done():
                     fut.set_result(True)
             self._table_waiters = []
-        for model in [m for m in self._waiters if m in by_model]:
+        # Every table wakes every waiter: served, or to look at what the table says now.
+        for model in list(self._waiters):
             for fut in self._waiters.pop(model):
                 if not fut.done():
-                    fut.set_result(True)
+                    fut.set_result(model in by_model)
 
-    async def wait_served(self, model: str, timeout: float) -> bool:
-        """Wait (on the event loop) until `model` has an endpoint; False at the deadline."""
-        if model in self._by_model:
-            return True
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(model, []).append(fut)
+    async def wait_served(self, model: str, timeout: float, given_up=None) -> bool:
+        """Wait (on the event loop) until `model` has an endpoint; False at the deadline,
+        or as soon as `given_up()` (checked on each new table) says to stop waiting."""
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                return await fut
+                while model not in self._by_model:
+                    if given_up is not None and given_up():
+                        return False
+                    fut = loop.create_future()
+                    self._waiters.setdefault(model, []).append(fut)
+                    try:
+                        await fut
+                    finally:
+                        waiting = self._waiters.get(model)
+                        if waiting and fut in waiting:
+                            waiting.remove(fut)
+                return True
         except TimeoutError:
             return False
-        finally:
-            waiting = self._waiters.get(model)
-            if waiting and fut in waiting:
-                waiting.remove(fut)
 
     async def wait_table(self, timeout: float) -> bool:
         """Wait (on the event loop) for the feed's first table; False at the deadline."""

@@ -19,7 +19,7 @@ from llmgw.errors import ConfigError, OperatorError
 from llmgw.placement import place
 from llmgw.store import BusPeer
 from llmgw_scheduler import page, registry
-from llmgw_scheduler.inventory import LIVE
+from llmgw_scheduler.inventory import LIVE, LOST
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -74,12 +74,15 @@ class View:
         self.s = sched
 
     def node(self, n) -> dict:
+        # A lost node's last report is no longer the truth: none of its memory or GPUs is
+        # in use by anything that counts, and its replicas are lost (None: not known).
         return {
             "name": n.id, "state": "lost" if n.lost else "draining" if n.draining else "up",
             "cpus": n.cpus,
-            "memory_total": n.memory_total, "memory_available": n.memory_available,
-            "gpus": n.gpus, "engines": n.engines,
-            "replicas": sum(1 for r in self.s.inv.replicas.values() if r.node == n.id),
+            "memory_total": n.memory_total,
+            "memory_available": None if n.lost else n.memory_available,
+            "gpus": [] if n.lost else n.gpus, "engines": n.engines,
+            "replicas": len(self.s.inv.on_node(n.id)),
             "last_seen": n.last_seen,
         }  # fmt: skip
 
@@ -96,12 +99,15 @@ class View:
     def model(self, m) -> dict:
         s = self.s
         state, reason = s.model_status(m.name)
-        mine = [r for r in s.inv.replicas.values() if r.model == m.name]
+        lost = s.inv.lost_nodes()
+        mine = [s.inv.state_of(r, lost) for r in s.inv.replicas.values() if r.model == m.name]
         b = s.backoff.get(m.name)
+        # Replicas on lost nodes count toward nothing: not ready, not among its replicas.
         return {
             "name": m.name, "aliases": list(m.aliases), "engine": m.engine_id,
-            "min": m.min, "max": m.max,
-            "ready": sum(1 for r in mine if r.state == "ready"), "replicas": len(mine),
+            "min": m.min, "max": m.max, "desired": s.desired_now(m, s.clock()),
+            "ready": mine.count("ready"), "replicas": len(mine) - mine.count(LOST),
+            "lost": mine.count(LOST),
             "state": state, "reason": reason,
             "failures": b.failures if b else 0,
             "retry_at": b.next_at if b and b.failures and state == "backoff" else None,
@@ -113,8 +119,9 @@ class View:
 
     def replicas(self, model: str | None = None) -> list[dict]:
         now = self.s.clock()
+        lost = self.s.inv.lost_nodes()
         return [
-            {"id": r.id, "model": r.model, "node": r.node, "state": r.state,
+            {"id": r.id, "model": r.model, "node": r.node, "state": self.s.inv.state_of(r, lost),
              "endpoint": r.endpoint, "since": r.since, "rss": r.rss, "reason": r.reason,
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
              "idle_s": _round(self.s.idle_s(r, now))}

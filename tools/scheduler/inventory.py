@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 # Shard states an agent reports, plus "pending": asked for, not reported yet.
 LIVE = ("pending", "starting", "ready", "draining")
+# Not a state an agent reports: a live replica on a lost node, as operators are shown it.
+LOST = "lost"
 
 
 @dataclass
@@ -37,6 +39,9 @@ class Replica:
     rss: int = 0
     reason: str = ""
     last_used: float = 0.0  # when a router last answered a request with it; 0: never
+    # Its node was lost while it ran: whatever becomes of it is the node's doing, not its
+    # engine's (cleared once its agent reports it alive again).
+    orphaned: bool = False
 
 
 class Inventory:
@@ -102,6 +107,8 @@ class Inventory:
                 changed = False
         if r.state != state:
             r.since = now
+        if state in LIVE:
+            r.orphaned = False
         r.state = state
         r.endpoint = shard.get("endpoint", r.endpoint) or r.endpoint
         r.rss = int(shard.get("rss") or 0)
@@ -116,7 +123,22 @@ class Inventory:
             if not node.lost and now - node.last_seen > lost_after_s:
                 node.lost = True
                 newly.append(node)
+        if newly:
+            gone = {n.id for n in newly}
+            for r in self.replicas.values():
+                if r.node in gone:
+                    r.orphaned = True
         return newly
 
     def on_node(self, node_id: str) -> list[Replica]:
         return [r for r in self.replicas.values() if r.node == node_id]
+
+    def lost_nodes(self) -> set[str]:
+        return {n.id for n in self.nodes.values() if n.lost}
+
+    def state_of(self, r: Replica, lost: set[str] | None = None) -> str:
+        """What to tell an operator: `lost` for a live replica on a lost node (it counts
+        toward nothing, whatever its agent last said), else its reported state."""
+        if lost is None:
+            lost = self.lost_nodes()
+        return LOST if r.node in lost and r.state in LIVE else r.state

@@ -94,6 +94,7 @@ def main(config_path):
             f"cannot serve the admin API on {cfg.scheduler.admin_listen}: {e.strerror or e}"
         ) from None
     metrics.watch_backups(cfg.backup_dir())
+    metrics.watch_fleet(sched)
     if cfg.scheduler.metrics_listen:
         host, port = cli.parse_listen(cfg.scheduler.metrics_listen)
         if port:

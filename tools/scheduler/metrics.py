@@ -1,39 +1,17 @@
-"""The scheduler's Prometheus metrics, set from its inventory after every pass."""
+"""The scheduler's Prometheus metrics.
 
-from prometheus_client import Counter, Gauge
+The fleet's series (nodes, replicas, models, installs, idle times) are not gauges set
+after a pass: `Fleet` reads the scheduler's state at every scrape. A model removed at
+runtime is gone from the next scrape (a gauge set per model kept a removed parked
+model's `ModelParked` firing until the scheduler restarted), and a series never
+vanishes between a clear and a set.
+"""
 
-NODES_UP = Gauge("llmgw_nodes_up", "Nodes heard from recently")
-NODES_LOST = Gauge("llmgw_nodes_lost", "Nodes that stopped heartbeating")
-MEMORY_TOTAL = Gauge("llmgw_node_memory_bytes", "Memory per node", ["node"])
-MEMORY_FREE = Gauge("llmgw_node_memory_available_bytes", "Memory available per node", ["node"])
-GPUS = Gauge("llmgw_node_gpus", "GPUs per node", ["node"])
-REPLICAS = Gauge("llmgw_replicas", "Replicas by model and state", ["model", "state"])
-READY = Gauge("llmgw_model_replicas_ready", "Ready replicas per model (0 when none)", ["model"])
-DESIRED = Gauge(
-    "llmgw_model_replicas_desired",
-    "Replicas each model should have now (its min; 1 for an on-demand model in use)",
-    ["model"],
-)
-IDLE = Gauge(
-    "llmgw_replica_idle_seconds",
-    "Seconds since a ready replica last answered a request (or became ready)",
-    ["model", "replica", "node"],
-)
-INSTALLS = Gauge(
-    "llmgw_node_engine_install", "Engine installs per node", ["node", "engine", "state"]
-)
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
 
-PARKED = Gauge(
-    "llmgw_model_parked", "1 while a model is parked after repeated failed starts", ["model"]
-)
-UNPLACEABLE = Gauge(
-    "llmgw_model_unplaceable", "1 while a model below min fits on no node", ["model"]
-)
-START_FAILURES = Gauge(
-    "llmgw_model_start_failures",
-    "Failed starts in a row (0 after a replica becomes ready)",
-    ["model"],
-)
+from llmgw_scheduler.inventory import LOST
+
 BACKUP = Gauge(
     "llmgw_backup_last_success_timestamp_seconds",
     "When the newest backup archive was written (0: never)",
@@ -46,8 +24,6 @@ EPOCH = Gauge("llmgw_control_plane_epoch", "The newest leader epoch this schedul
 RENEW_FAILURES = Counter(
     "llmgw_control_plane_renew_failures_total", "Lease renewals that could not reach the store"
 )
-
-_STATES = ("pending", "starting", "ready", "draining", "stopping")
 
 
 def watch_backups(directory) -> None:
@@ -62,44 +38,114 @@ def watch_backups(directory) -> None:
     BACKUP.set_function(last)
 
 
-def standby() -> None:
-    """A standby publishes no fleet series: only the leader's count, so an alert never
-    fires twice, or on a standby's stale idea of what is parked."""
-    for labelled in (MEMORY_TOTAL, MEMORY_FREE, GPUS, REPLICAS, READY, DESIRED, IDLE,
-                     INSTALLS, PARKED, UNPLACEABLE, START_FAILURES):  # fmt: skip
-        labelled.clear()
-    NODES_UP.set(0)
-    NODES_LOST.set(0)
+# Replica states published per model, every one (0 included) for every model.
+STATES = ("pending", "starting", "ready", "draining", "stopping", LOST)
 
 
-def observe(sched) -> None:
-    inv = sched.inv
-    NODES_UP.set(sum(1 for n in inv.nodes.values() if not n.lost))
-    NODES_LOST.set(sum(1 for n in inv.nodes.values() if n.lost))
-    INSTALLS.clear()
-    for n in inv.nodes.values():
-        MEMORY_TOTAL.labels(n.id).set(n.memory_total)
-        MEMORY_FREE.labels(n.id).set(n.memory_available)
-        GPUS.labels(n.id).set(len(n.gpus))
-        for eid, info in n.engines.items():
-            INSTALLS.labels(n.id, eid, info.get("state", "")).set(1)
-    counts = {(m, s): 0 for m in sched.models for s in _STATES}
-    for r in inv.replicas.values():
-        if r.state in _STATES:
-            counts[(r.model, r.state)] = counts.get((r.model, r.state), 0) + 1
-    for (model, state), n in counts.items():
-        REPLICAS.labels(model, state).set(n)
-    now = sched.clock()
-    IDLE.clear()
-    for r in inv.replicas.values():
-        idle = sched.idle_s(r, now)
-        if idle is not None:
-            IDLE.labels(r.model, r.id, r.node).set(round(idle, 1))
-    for name, m in sched.models.items():
-        READY.labels(name).set(counts.get((name, "ready"), 0))
-        # What it should have now: an active on-demand model wants one.
-        DESIRED.labels(name).set(sched.desired_now(m, now))
-        PARKED.labels(name).set(1 if name in sched.parked else 0)
-        UNPLACEABLE.labels(name).set(1 if name in sched.unplaceable else 0)
-        b = sched.backoff.get(name)
-        START_FAILURES.labels(name).set(b.failures if b else 0)
+class Fleet:
+    """A prometheus_client collector of the fleet's series, read at scrape time under the
+    scheduler's lock. A standby, or a leader before its first pass (still settling: its
+    inventory is not whole yet), publishes none of them: only the leader's count, so an
+    alert never fires twice or on a standby's stale idea of what is parked."""
+
+    def __init__(self, sched):
+        self.sched = sched
+
+    def describe(self):
+        return []  # names are not fixed per scrape: collect only when scraped
+
+    def collect(self):
+        s = self.sched
+        with s.lock:
+            now = s.clock()
+            if not s.leading() or s.last_pass_at is None:
+                return
+            yield from self._families(s, now)
+
+    @staticmethod
+    def _families(s, now: float):
+        inv = s.inv
+        lost = inv.lost_nodes()
+        nodes_up = GaugeMetricFamily("llmgw_nodes_up", "Nodes heard from recently")
+        nodes_up.add_metric([], sum(1 for n in inv.nodes.values() if not n.lost))
+        nodes_lost = GaugeMetricFamily("llmgw_nodes_lost", "Nodes that stopped heartbeating")
+        nodes_lost.add_metric([], len(lost))
+        memory = GaugeMetricFamily("llmgw_node_memory_bytes", "Memory per node", labels=["node"])
+        available = GaugeMetricFamily(
+            "llmgw_node_memory_available_bytes",
+            "Memory available per node (none for a lost node: not known)",
+            labels=["node"],
+        )
+        gpus = GaugeMetricFamily("llmgw_node_gpus", "GPUs per node", labels=["node"])
+        installs = GaugeMetricFamily(
+            "llmgw_node_engine_install", "Engine installs per node",
+            labels=["node", "engine", "state"],
+        )  # fmt: skip
+        for n in sorted(inv.nodes.values(), key=lambda n: n.id):
+            memory.add_metric([n.id], n.memory_total)
+            gpus.add_metric([n.id], len(n.gpus))
+            if not n.lost:
+                available.add_metric([n.id], n.memory_available)
+            for eid, info in sorted(n.engines.items()):
+                installs.add_metric([n.id, eid, info.get("state", "")], 1)
+
+        counts = {(m, st): 0 for m in s.models for st in STATES}
+        idle = GaugeMetricFamily(
+            "llmgw_replica_idle_seconds",
+            "Seconds since a ready replica last answered a request (or became ready)",
+            labels=["model", "replica", "node"],
+        )
+        for r in inv.replicas.values():
+            state = inv.state_of(r, lost)
+            if state in STATES and r.model in s.models:
+                counts[(r.model, state)] += 1
+            seconds = s.idle_s(r, now) if state != LOST else None
+            if seconds is not None:
+                idle.add_metric([r.model, r.id, r.node], round(seconds, 1))
+        replicas = GaugeMetricFamily(
+            "llmgw_replicas",
+            "Replicas by model and state (lost: on a lost node, counting toward nothing)",
+            labels=["model", "state"],
+        )
+        for (model, state), n in counts.items():
+            replicas.add_metric([model, state], n)
+
+        ready = GaugeMetricFamily(
+            "llmgw_model_replicas_ready",
+            "Ready replicas per model on live nodes (0 when none)",
+            labels=["model"],
+        )
+        desired = GaugeMetricFamily(
+            "llmgw_model_replicas_desired",
+            "Replicas each model should have now (its min; 1 for an on-demand model in use)",
+            labels=["model"],
+        )
+        parked = GaugeMetricFamily(
+            "llmgw_model_parked", "1 while a model is parked after repeated failed starts",
+            labels=["model"],
+        )  # fmt: skip
+        unplaceable = GaugeMetricFamily(
+            "llmgw_model_unplaceable", "1 while a model below min fits on no node",
+            labels=["model"],
+        )  # fmt: skip
+        failures = GaugeMetricFamily(
+            "llmgw_model_start_failures",
+            "Failed starts in a row (0 after a replica becomes ready)",
+            labels=["model"],
+        )
+        for name, m in s.models.items():
+            ready.add_metric([name], counts[(name, "ready")])
+            desired.add_metric([name], s.desired_now(m, now))
+            parked.add_metric([name], 1 if name in s.parked else 0)
+            unplaceable.add_metric([name], 1 if name in s.unplaceable else 0)
+            b = s.backoff.get(name)
+            failures.add_metric([name], b.failures if b else 0)
+        yield from (nodes_up, nodes_lost, memory, available, gpus, installs, replicas,
+                    ready, desired, parked, unplaceable, failures, idle)  # fmt: skip
+
+
+def watch_fleet(sched, registry=REGISTRY) -> Fleet:
+    """Publish `sched`'s fleet series from `registry` (the default one, for /metrics)."""
+    collector = Fleet(sched)
+    registry.register(collector)
+    return collector

@@ -136,7 +136,9 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
         [
             e(n["name"]),
             state(n["state"]),
-            bar(n["memory_total"] - n["memory_available"], n["memory_total"]),
+            "unknown (lost)"
+            if n.get("memory_available") is None
+            else bar(n["memory_total"] - n["memory_available"], n["memory_total"]),
             gpu_bars(n.get("gpus") or []),
             e(n.get("cpus") or "-"),
             e(n.get("replicas", 0)),
@@ -149,8 +151,9 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
             e(m["name"])
             + "".join(f'<br><span class="muted">{e(a)}</span>' for a in m.get("aliases", [])),
             e(m.get("engine", "")),
-            e(f"{m['min']}..{m['max']}"),
-            e(m["ready"]),
+            e(f"{m.get('desired', m['min'])} ({m['min']}..{m['max']})"),
+            e(m["ready"])
+            + (f' <span class="muted">+{e(m["lost"])} lost</span>' if m.get("lost") else ""),
             state(m["state"]),
             e(m.get("failures", 0)),
             e(last_line(m.get("reason", ""))),

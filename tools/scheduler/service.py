@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 
-from llmgw import apikeys, bus, catalog, config, log, restarts
+from llmgw import apikeys, audit, bus, catalog, config, log, restarts
 from llmgw.catalog import Model
 from llmgw.errors import ConfigError
 from llmgw.placement import NodeView, place
@@ -26,7 +26,6 @@ from llmgw.store import (
     RuntimeModel,
     drop_connection,
 )
-from llmgw_scheduler import metrics
 from llmgw_scheduler.inventory import LIVE, Inventory, Replica
 from llmgw_scheduler.needs import Needs
 
@@ -35,6 +34,9 @@ _log = log.get("llmgw.scheduler")
 # Failed starts in a row before a model is parked: a model whose weights its engine could
 # not load was once started 155 times over eight hours.
 PARK_AFTER = 5
+# After an eviction's victim is gone, how long its room may take to show in the agents'
+# reports before the model it was evicted for is unplaceable again.
+ROOM_GRACE_S = 10.0
 
 
 class Scheduler:
@@ -50,6 +52,9 @@ class Scheduler:
         self.inv = Inventory()
         self.backoff: dict[str, Backoff] = {}
         self.started_at = clock()
+        # When our last pass as leader ran (None: none since we started or took over):
+        # fleet metrics wait for it, as routes do, so they never show a half-heard fleet.
+        self.last_pass_at: float | None = None
         self.epoch = 0
         self.seq = 0
         self.routes_dirty = True
@@ -66,6 +71,14 @@ class Scheduler:
         self.last_active: dict[str, float] = {}  # model -> when a router last used it
         # model -> when it was evicted: only requests after that make it active again
         self.evicted_at: dict[str, float] = {}
+        # On-demand wants, numbered by each router: (model, router) -> the newest want
+        # not yet answered by a pass, and model -> router -> the newest answered. A router
+        # waits for the answer to its own want, never on an older one (room may have been
+        # made since), and an answer of "unplaceable" is given at once, not after 60 s.
+        self._wants_pending: dict[tuple[str, str], int] = {}
+        self.answered: dict[str, dict[str, int]] = {}
+        # model -> (the model evicted for it, until when room is still coming)
+        self.making_room: dict[str, tuple[str, float]] = {}
         # The raw definitions behind self.models, and which came from the config file.
         self.log_requests: dict[str, dict] = {}  # request id -> {"done", "reply"}
         self.model_configs: list = []
@@ -117,24 +130,29 @@ class Scheduler:
             for r in vanished:
                 _log.warning("replica_vanished", replica=r.id, model=r.model, node=sender)
                 if r.state != "stopping":
-                    self._failed(r.model, now)
+                    self._failed(r.model, now, counts=_a_start(r.state, r.orphaned))
             self.routes_dirty |= changed
         elif kind == "shard_status":
             shard = body.get("shard") or {}
             before = self.inv.replicas.get(shard.get("id"))
             before_state = before.state if before else None
+            orphaned = before is not None and before.orphaned
             if shard.get("id") in self.intents:
                 self._intents_done.add(shard["id"])
             if self.inv.shard_update(sender, shard, now):
                 self.routes_dirty = True
-                self._shard_changed(sender, shard, before_state, now)
+                self._shard_changed(sender, shard, before_state, now, orphaned)
         elif kind == "want":
             model = self._by_alias.get(body.get("model", ""))
             if model is not None:
                 m = self.models[model]
-                if m.min == 0 and not self.active(m, now):
+                if m.min == 0 and not self.active(m, now) and self.leading():
                     _log.info("model_wanted", model=model, by=sender)
                 self.last_active[model] = now
+                n = body.get("n")
+                if isinstance(n, int) and not isinstance(n, bool):
+                    key = (model, sender)
+                    self._wants_pending[key] = max(n, self._wants_pending.get(key, 0))
                 self.wake = True  # place it now, not at the next tick
         elif kind == "activity":
             for name, idle in (body.get("idle_s") or {}).items():
@@ -168,7 +186,8 @@ class Scheduler:
                     reason=body.get("reason") or None,
                 )
 
-    def _shard_changed(self, node: str, shard: dict, before: str | None, now: float) -> None:
+    def _shard_changed(self, node: str, shard: dict, before: str | None, now: float,
+                       orphaned: bool = False) -> None:  # fmt: skip
         state, model = shard.get("state"), shard.get("model", "")
         _log.info(
             "replica_state",
@@ -185,9 +204,20 @@ class Scheduler:
             if m is not None and shard.get("rss") and self.leading():  # a standby writes nothing
                 self.needs.record(m, int(shard["rss"]))
         elif state == "failed" and before != "stopping":
-            self._failed(model, now, shard.get("reason") or "")
+            reason = shard.get("reason") or ""
+            # An engine that died after it was ready still backs off (its failures start
+            # again at its next ready); one gone with its node or agent is no failure.
+            counts = not orphaned and reason != bus.GONE_AFTER_AGENT_RESTART
+            self._failed(model, now, reason, counts=counts)
 
-    def _failed(self, model: str, now: float, reason: str = "") -> None:
+    def _failed(self, model: str, now: float, reason: str = "", counts: bool = True) -> None:
+        """A replica of `model` failed. Only its engine's failure (`counts`: not a node
+        lost, an agent restarted, or a served replica vanishing from a heartbeat) backs
+        off and counts toward parking: a node crash once counted as one, so five crashes
+        would have parked a healthy model. A standby keeps the count quietly: retrying
+        is the leader's to say."""
+        if not counts:
+            return
         if reason:
             self.last_error[model] = reason[-2000:]
         b = after_failure(
@@ -198,9 +228,9 @@ class Scheduler:
             self.cfg.backoff_max_s,
         )
         self.backoff[model] = b
-        _log.warning(
-            "start_failed", model=model, failures=b.failures, retry_in_s=round(b.next_at - now, 1)
-        )
+        if self.leading():
+            _log.warning("start_failed", model=model, failures=b.failures,
+                         retry_in_s=round(b.next_at - now, 1))  # fmt: skip
         m = self.models.get(model)
         if m is not None and b.failures >= PARK_AFTER and model not in self.parked:
             if self.leading():  # a standby reads the park from the store when it takes over
@@ -375,11 +405,16 @@ class Scheduler:
         """(state, reason): serving, starting, backoff, parked, unplaceable or stopped."""
         if model in self.parked:
             return "parked", self.parked[model].reason
+        lost = self.inv.lost_nodes()
         ready = sum(
-            1 for r in self.inv.replicas.values() if r.model == model and r.state == "ready"
+            1
+            for r in self.inv.replicas.values()
+            if r.model == model and r.state == "ready" and r.node not in lost
         )
         if ready:
             return "serving", ""
+        if model in self.making_room:
+            return "starting", f"making room: {self.making_room[model][0]} is being stopped"
         if model in self.unplaceable:
             return "unplaceable", self.unplaceable[model]
         b = self.backoff.get(model)
@@ -437,6 +472,7 @@ class Scheduler:
             # Beyond the replacement's own start timeout: stopping the old one comes first.
             2 * self.cfg.start_timeout_s,
             holds,
+            deadline_s=self.cfg.restart_deadline_s,
         )
         for job, node in steps.surge:
             job.replacement = self._start(job.model, node, now) or ""
@@ -455,10 +491,21 @@ class Scheduler:
             else:
                 _log.warning("restart_given_up", replica=job.replica, model=job.model,
                              reason=job.reason)  # fmt: skip
+                self._audit("restart.given_up", job.replica, model=job.model,
+                            reason=job.reason)  # fmt: skip
         if steps.ended:
             active = [j for j in self.restarts if j.active]
             ended = [j for j in self.restarts if not j.active][-restarts.KEEP_ENDED :]
             self.restarts = active + ended
+
+    def _audit(self, action: str, target: str, **detail) -> None:
+        """What the scheduler decided on an operator's behalf, beside their changes in the
+        audit log (actor `scheduler`); a store that cannot take it leaves the log line."""
+        try:
+            audit.record(action, "scheduler", "", target, now=self.clock(), **detail)
+        except Exception as e:
+            _log.error("audit_write_failed", action=action, target=target, reason=str(e)[:200])
+            drop_connection()
 
     def restart_state(self, replica: str) -> str | None:
         """'queued' or 'replacing' while a restart of `replica` is under way."""
@@ -476,6 +523,7 @@ class Scheduler:
         leader was starting — so nothing is started twice."""
         self.epoch = epoch
         self.started_at = now
+        self.last_pass_at = None
         for node in self.inv.nodes.values():
             node.last_seen = max(node.last_seen, now)
         dropped = [j.replica for j in self.restarts if j.active]
@@ -514,7 +562,6 @@ class Scheduler:
     def standby_tick(self) -> None:
         """A standby's pass: keep the inventory's node states current, decide nothing."""
         self.inv.mark_lost(self.clock(), self.cfg.node_lost_s)
-        metrics.standby()
 
     def _forget_intents(self) -> None:
         """Intents whose replicas an agent has reported are done with."""
@@ -546,6 +593,7 @@ class Scheduler:
         self._forget_intents()
         if not self.settled(now):
             return
+        asked, self._wants_pending = self._wants_pending, {}
         desired = [self._desired(m, now) for m in self.models.values() if m.name not in self.parked]
         self._restart_pass(now)
         # Replicas on draining nodes do not count, so replacements start elsewhere; the
@@ -573,7 +621,12 @@ class Scheduler:
         self._drain_pass(now)
         self._evict_for(decisions.unplaceable, now)
         self._report_unplaceable(decisions.unplaceable)
-        metrics.observe(self)
+        self._room_coming(now)
+        self.last_pass_at = now
+        for (model, router), n in asked.items():  # this pass is their answer
+            mine = self.answered.setdefault(model, {})
+            mine[router] = max(n, mine.get(router, 0))
+            self.routes_dirty = True
 
     def _evict_for(self, unplaceable: dict, now: float) -> None:
         """Make room for a wanted on-demand model that fits nowhere by retiring the least
@@ -593,10 +646,11 @@ class Scheduler:
                 ),
                 key=lambda m: self.last_active.get(m.name, 0.0),
             )
+            lost = self.inv.lost_nodes()
             for victim in others:
                 freed: dict[str, int] = {}
                 for r in self.inv.replicas.values():
-                    if r.model == victim.name and r.state in LIVE:
+                    if r.model == victim.name and r.state in LIVE and r.node not in lost:
                         freed[r.node] = freed.get(r.node, 0) + self.needs.need(victim).memory
                 views = [
                     dataclasses.replace(v, memory_free=v.memory_free + freed.get(v.id, 0))
@@ -611,8 +665,20 @@ class Scheduler:
                     )
                     self.last_active[victim.name] = float("-inf")
                     self.evicted_at[victim.name] = now
+                    self.making_room[name] = (victim.name, now + ROOM_GRACE_S)
                     self.wake = True
                     break
+
+    def _room_coming(self, now: float) -> None:
+        """Keep a model whose eviction is under way `starting`, not `unplaceable`, until
+        its victim's replicas are gone and the agents have reported the memory free."""
+        for name, (victim, until) in list(self.making_room.items()):
+            if name not in self.unplaceable:
+                del self.making_room[name]  # placed, or no longer wanted
+            elif any(r.model == victim for r in self.inv.replicas.values()):
+                self.making_room[name] = (victim, now + ROOM_GRACE_S)
+            elif now >= until:
+                del self.making_room[name]
 
     def active(self, m: Model, now: float) -> bool:
         """An on-demand model is active from a request until keep_alive_s after the last."""
@@ -677,7 +743,8 @@ class Scheduler:
                 )
                 self.inv.replicas.pop(r.id)
                 self._send(r.node, "stop_shard", {"id": r.id})
-                self._failed(r.model, now)
+                lost = r.orphaned or r.node in self.inv.lost_nodes()
+                self._failed(r.model, now, counts=not lost)
                 if r.id in self.intents:
                     self._intents_done.add(r.id)
 
@@ -771,15 +838,19 @@ class Scheduler:
         models = []
         for m in self.models.values():
             state, reason = self.model_status(m.name)
-            models.append(
-                {
-                    "name": m.name,
-                    "aliases": list(m.aliases),
-                    "state": state,
-                    "reason": reason[-500:],
-                }
-            )
+            entry = {"name": m.name, "aliases": list(m.aliases), "state": state,
+                     "reason": reason[-500:]}  # fmt: skip
+            if m.name in self.answered:
+                entry["answered"] = dict(self.answered[m.name])  # router -> its want number
+            models.append(entry)
         return {"seq": self.seq, "replicas": out, "models": models}
+
+
+def _a_start(state: str | None, orphaned: bool) -> bool:
+    """Whether a replica that vanished from its node's heartbeat in `state` was a start
+    that failed: not one that had served (the agent lost it, not its engine), and not one
+    whose node was lost meanwhile. One we never heard of (None) was starting."""
+    return not orphaned and state in (None, "pending", "starting")
 
 
 def _gib(n) -> str:

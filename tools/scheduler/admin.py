@@ -122,7 +122,8 @@ class View:
         lost = self.s.inv.lost_nodes()
         return [
             {"id": r.id, "model": r.model, "node": r.node, "state": self.s.inv.state_of(r, lost),
-             "endpoint": r.endpoint, "since": r.since, "rss": r.rss, "reason": r.reason,
+             "endpoint": r.endpoint, "since": r.since, "created": r.created, "rss": r.rss,
+             "reason": r.reason,
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
              "idle_s": _round(self.s.idle_s(r, now))}
             for r in sorted(self.s.inv.replicas.values(), key=lambda r: (r.model, r.since))

@@ -18,8 +18,9 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import parse_monitor_message
 
-from llmgw import dirs
+from llmgw import dirs, log
 from llmgw.errors import Error
 
 VERSION = 1
@@ -50,21 +51,36 @@ def create_keypair(directory: Path, name: str) -> str:
     return load_public(directory, name)
 
 
-def load_keypair(directory: Path, name: str) -> tuple[bytes, bytes]:
+def copy_hint(name: str, group: str = "nodes") -> str:
+    """What to do about a peer's missing keys: they are made on the control plane."""
+    return (
+        f"run `llmgw {group} add {name}` on the control plane (or with --out DIR) and copy"
+        f" {name}.key_secret and {SCHEDULER}.key here"
+    )
+
+
+def _missing(file: Path, what: str, hint: str) -> BusError:
+    return BusError(f"no {what} at {file}: {hint}")
+
+
+def load_keypair(directory: Path, name: str, group: str = "nodes") -> tuple[bytes, bytes]:
+    """NAME's keypair; `group` (nodes, routers) names the command that makes it."""
     file = directory / f"{name}.key_secret"
+    if not file.exists():  # pyzmq would say "Invalid certificate file", which it is not
+        raise _missing(file, "CURVE keypair", copy_hint(name, group))
     try:
         public, secret = zmq.auth.load_certificate(str(file))
     except (OSError, ValueError) as e:
-        raise BusError(
-            f"cannot load CURVE keypair {file}: {e} (run `llmgw nodes add {name}`)"
-        ) from None
+        raise BusError(f"cannot load CURVE keypair {file}: {e}") from None
     if not secret:
-        raise BusError(f"{file} holds no secret key")
+        raise BusError(f"{file} holds no secret key: copy {name}.key_secret, not {name}.key")
     return public, secret
 
 
-def load_public(directory: Path, name: str) -> str:
+def load_public(directory: Path, name: str, hint: str = "") -> str:
     file = directory / f"{name}.key"
+    if not file.exists() and hint:
+        raise _missing(file, "CURVE public key", hint)
     try:
         public, _ = zmq.auth.load_certificate(str(file))
     except (OSError, ValueError) as e:
@@ -99,10 +115,13 @@ def decode(data: bytes) -> dict:
 # -- authentication -----------------------------------------------------------------------
 
 
+NOT_REGISTERED = "key not registered"
+
+
 class PeerAuthenticator(ThreadAuthenticator):
     """ZAP handler: lets in registered public keys and names the peer after its key."""
 
-    def __init__(self, context: zmq.Context, lookup=None):
+    def __init__(self, context: zmq.Context, lookup=None, logger=None):
         super().__init__(context)
         self._peers: dict[bytes, str] = {}
         self._lock = threading.Lock()
@@ -110,20 +129,47 @@ class PeerAuthenticator(ThreadAuthenticator):
         # registered a moment ago gets in at its first try. libzmq does not retry a
         # connection the server refused, so being late here would shut it out for good.
         self._lookup = lookup
+        self._log = logger or log.get("llmgw.bus")
+        self._address = ""  # of the handshake being decided (one ZAP thread)
+        # Keys refused and said so: an agent retrying every 5 s must not write a line
+        # each time. Forgotten once the key gets in, so a later refusal is said again.
+        self._refused: set[bytes] = set()
 
     def set_peers(self, peers: dict[str, str]) -> None:
         """Replace the allowed peers: {z85 public key: name}."""
         with self._lock:
             self._peers = {k.encode(): v for k, v in peers.items()}
 
+    def revoke(self, public_key: str) -> None:
+        """Refuse this key from now on (its peer was removed), not at the next refresh."""
+        with self._lock:
+            self._peers.pop(public_key.encode(), None)
+
+    def allows(self, name: str) -> bool:
+        """Whether a peer of that name may still speak (a removed one's connection,
+        authenticated before, outlives its key)."""
+        with self._lock:
+            return name in self._peers.values()
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        self._address = msg[3].decode(errors="replace") if len(msg) > 3 else ""
+        await super().handle_zap_message(msg)
+
     def callback(self, domain, key: bytes) -> bool:
         with self._lock:
             if key in self._peers:
+                self._refused.discard(key)
                 return True
         name = self._lookup(key.decode()) if self._lookup else None
         if name:
             with self._lock:
                 self._peers[key] = name
+            self._refused.discard(key)
+        elif key not in self._refused:
+            self._refused.add(key)
+            self._log.warning(
+                "peer_refused", reason=NOT_REGISTERED, key=key[:8].decode(), address=self._address
+            )
         return bool(name)
 
     def curve_user_id(self, client_public_key: bytes) -> str:
@@ -179,6 +225,75 @@ def connect(
     for ep in endpoints:
         sock.connect(ep)
     return sock
+
+
+# -- handshakes, as the connecting side sees them ---------------------------------------
+
+HANDSHAKE_OK = "ok"
+_WATCHED = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+)
+# A scheduler that goes away mid-handshake fails one too: only this many in a row,
+# with no success between, mean the keys do not match.
+FAILED_HANDSHAKES = 3
+
+
+def handshake_outcome(event: int, value: int) -> str | None:
+    """HANDSHAKE_OK, a reason the scheduler would not have us, or None (no news).
+
+    libzmq 4.3 reports a ZAP refusal as HANDSHAKE_FAILED_AUTH with the status (400);
+    a client holding the wrong scheduler.key sees HANDSHAKE_FAILED_NO_DETAIL (the server
+    cannot read its hello, and just hangs up)."""
+    if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        return HANDSHAKE_OK
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return NOT_REGISTERED if value in (0, 400) else f"refused by the scheduler ({value})"
+    if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+        return "handshake failed: does scheduler.key hold this control plane's public key?"
+    return None
+
+
+class Handshakes:
+    """One client socket's handshakes, through a ZeroMQ socket monitor: `news()` says
+    whether the scheduler lets us in, once per change."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.monitor = sock.get_monitor_socket(_WATCHED)
+        self.refused: str | None = None  # the reason last said; None: not refused
+        self._failures = 0
+
+    def news(self) -> tuple[str, str] | None:
+        """("refused", reason) or ("accepted", "") when that changed, else None."""
+        news = None
+        while self.monitor.poll(0):
+            event = parse_monitor_message(self.monitor.recv_multipart())
+            outcome = handshake_outcome(event["event"], event["value"])
+            if outcome == HANDSHAKE_OK:
+                self._failures = 0
+                if self.refused is not None:
+                    self.refused, news = None, ("accepted", "")
+            elif outcome is not None:
+                self._failures += 1
+                auth = event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                if outcome != self.refused and (auth or self._failures >= FAILED_HANDSHAKES):
+                    self.refused, news = outcome, ("refused", outcome)
+        return news
+
+    def follow(self, sock: zmq.Socket) -> None:
+        """Watch a fresh socket instead (after a reconnect), keeping what was said."""
+        self.close()
+        self.sock, self.monitor = sock, sock.get_monitor_socket(_WATCHED)
+
+    def close(self) -> None:
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass  # closed already
+        self.monitor.close(0)
 
 
 def sender_of(frame: zmq.Frame) -> str:

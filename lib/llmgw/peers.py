@@ -50,6 +50,22 @@ def register(keys_dir: Path, name: str, kind: str, now: float | None = None) -> 
     return BusPeer.get(BusPeer.name == name)
 
 
+def remove(keys_dir: Path, name: str, kind: str) -> BusPeer:
+    """Forget NAME (its row and, here, its keypair files, so that adding the name again
+    makes a new key rather than letting the old one back in); return what it was."""
+    peer = BusPeer.get_or_none(BusPeer.name == name)
+    group = "nodes" if kind == "agent" else "routers"
+    if peer is None or peer.kind != kind:
+        raise PeerError(f"no {kind} {name} is registered (see `llmgw {group} list`)")
+    BusPeer.delete().where(BusPeer.name == name).execute()
+    for file in (keys_dir / f"{name}.key", keys_dir / f"{name}.key_secret"):
+        try:
+            file.unlink(missing_ok=True)
+        except OSError:
+            pass  # the row is what lets it in; a file we may not delete lets in nothing
+    return peer
+
+
 def key_files(keys_dir: Path, name: str) -> dict[str, str]:
     """The files a peer needs, by name: its keypair and the scheduler's public key."""
     return {

@@ -184,8 +184,10 @@ def test_an_agent_whose_key_is_not_registered_gets_nothing_through_until_it_is(s
         agent = stranger.start()
         eventually(lambda: stranger.public in scheduler.auth.knocked,
                    what="the scheduler to refuse the stranger's key")  # fmt: skip
-        eventually(lambda: "scheduler_unreachable" in agent.log(),
-                   what="the agent to find the scheduler unreachable")  # fmt: skip
+        eventually(lambda: "scheduler_refused" in agent.log(),
+                   what="the agent to say the scheduler refuses its key")  # fmt: skip
+        assert "key not registered (run `llmgw nodes add node-x`" in agent.log()
+        assert "scheduler_unreachable" not in agent.log()
         assert scheduler.pump() == []
         # Registered later (`llmgw nodes add` after the agent started), it gets in.
         scheduler.register(stranger.name, stranger.public)
@@ -204,7 +206,12 @@ def test_a_missing_keypair_is_a_one_line_error(tmp_path):
     cfg.write_text(f'[paths]\nconfig_dir = "{tmp_path}"\n[agent]\nname = "nobody"\n')
     result = CliRunner().invoke(main, ["--config", str(cfg)])
     assert result.exit_code == 1
-    assert "cannot load CURVE keypair" in result.output
+    assert (
+        f"no CURVE keypair at {tmp_path / 'pki' / 'curve' / 'nobody.key_secret'}" in result.output
+    )
+    assert "run `llmgw nodes add nobody` on the control plane" in result.output
+    assert "copy nobody.key_secret and scheduler.key here" in result.output
+    assert "Invalid certificate file" not in result.output
     assert len(result.output.strip().splitlines()) == 1
 
 

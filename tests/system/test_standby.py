@@ -56,6 +56,10 @@ def test_the_standby_takes_over_a_killed_leader_and_nothing_is_started_twice(pai
     epoch = status(pair, "s1")["epoch"]
     assert status(pair, "s2")["role"] == "standby"
     assert status(pair, "s2")["leader"]["name"] == "s1"
+    # The standby says once whom it follows (it retries every 0.3 s, silently).
+    line = eventually(lambda: [x for x in pair.schedulers["s2"].log().splitlines()
+                               if "standing_by" in x], what="s2 to say it stands by")  # fmt: skip
+    assert f"leader=s1 epoch={epoch}" in line[0]
     before = {r["id"] for r in pair.admin("/v1/replicas")}
     traffic = Traffic(pair)
     eventually(lambda: traffic.ok > 5, what="traffic to flow")
@@ -72,6 +76,7 @@ def test_the_standby_takes_over_a_killed_leader_and_nothing_is_started_twice(pai
     traffic.stop()
 
     assert traffic.failed == [], f"requests failed during the failover: {traffic.failed[:5]}"
+    assert pair.schedulers["s2"].log().count("standing_by") == 1
     ids = started(pair)
     assert len(ids) == len(set(ids)) == 3, f"a replica was started twice: {ids}"
     after = {r["id"] for r in pair.admin("/v1/replicas", scheduler="s2")}

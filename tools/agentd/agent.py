@@ -70,6 +70,11 @@ class Link:
     greeted: bool = False
     reachable: bool | None = None  # None: not yet known (the handshake takes a moment)
     away_since: float = field(default_factory=time.monotonic)
+    handshakes: bus.Handshakes | None = None
+    told: str = ""  # the reason the scheduler last gave for refusing us, once logged
+
+    def refused(self) -> bool:
+        return self.handshakes is not None and self.handshakes.refused is not None
 
 
 class Agent:
@@ -128,6 +133,8 @@ class Agent:
         if ok and link.reachable is not True:
             _log.info("scheduler_reachable", endpoint=link.endpoint)
             link.reachable = True
+        elif not ok and link.refused():
+            link.reachable = False  # it is there, and said no: _watch said so once
         elif not ok and link.reachable is True:
             _log.warning("scheduler_unreachable", endpoint=link.endpoint)
             link.reachable, link.away_since = False, time.monotonic()
@@ -171,11 +178,35 @@ class Agent:
 
     # -- receiving -------------------------------------------------------------------------
 
+    def _watch(self) -> None:
+        """Say once per change that a scheduler refuses our key: it is there, so calling
+        it unreachable would send the operator to the network instead of the keys."""
+        for link in self.links:
+            news = link.handshakes.news() if link.handshakes else None
+            if news is None:
+                continue
+            what, reason = news
+            if what == "refused":
+                if reason == bus.NOT_REGISTERED:
+                    reason += f" ({bus.copy_hint(self.name)})"
+                _log.warning("scheduler_refused", endpoint=link.endpoint, reason=reason)
+                link.reachable = False
+            else:
+                link.told = ""
+
     def handle(self, data: bytes, link: Link | None = None) -> None:
         try:
             msg = bus.decode(data)
         except bus.BusError as e:
             _log.warning("bad_message", reason=e)
+            return
+        if msg["type"] == "refused" and msg.get("from") == bus.SCHEDULER:
+            # The scheduler will not hear us (our key is another node's, or was removed):
+            # it says so on every message; we say it once.
+            reason = str(msg["body"].get("reason", ""))[:300]
+            if link is not None and reason != link.told:
+                link.told = reason
+                _log.warning("scheduler_refused", endpoint=link.endpoint, reason=reason)
             return
         epoch = msg.get("epoch", 0)
         if not isinstance(epoch, int):
@@ -251,6 +282,7 @@ class Agent:
                 self.poller.unregister(link.sock)
                 link.sock.close(0)
                 link.sock = self._connect(link.endpoint)
+                link.handshakes.follow(link.sock)
                 link.away_since = now
                 _log.debug("scheduler_reconnect", endpoint=link.endpoint)
 
@@ -259,7 +291,8 @@ class Agent:
         ctx = self.ctx = zmq.Context()
         poller = self.poller = zmq.Poller()
         for endpoint in self.cfg.agent.schedulers:
-            self.links.append(Link(endpoint, self._connect(endpoint)))
+            sock = self._connect(endpoint)
+            self.links.append(Link(endpoint, sock, handshakes=bus.Handshakes(sock)))
         self.supervisor.adopt()
         _log.info(
             "started",
@@ -277,6 +310,7 @@ class Agent:
                         except zmq.Again:
                             break
                         self.handle(frames[-1], link)
+                self._watch()
                 self.supervisor.monitor()
                 self._drain_events()
                 now = time.monotonic()
@@ -284,6 +318,7 @@ class Agent:
                 self._reconnect(now)
         finally:
             for link in self.links:
+                link.handshakes.close()
                 link.sock.close(0)
             ctx.term()
         _log.info("exiting", node=self.name, engines_left_running=len(self.supervisor.shards))

@@ -37,7 +37,7 @@ def main(config_path):
         cfg = configmod.load(config_path)
         name = cfg.agent.name or socket.gethostname()
         keys = bus.load_keypair(cfg.curve_dir(), name)
-        scheduler_public = bus.load_public(cfg.curve_dir(), bus.SCHEDULER)
+        scheduler_public = bus.load_public(cfg.curve_dir(), bus.SCHEDULER, bus.copy_hint(name))
         # Engines, weights, logs and the replicas' state files: the unit's StateDirectory.
         dirs.writable(Path(cfg.paths.state_dir), "the agent's state")
     except Error as e:

@@ -3,6 +3,7 @@
 import os
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import click
 
@@ -44,6 +45,41 @@ def _add(state, name: str, kind: str, as_json: bool, direct: bool, out: Path | N
         " mode 0600",
         err=True,
     )
+
+
+def _remove(state, name: str, kind: str, force: bool, direct: bool, as_json: bool) -> None:
+    """Delete the peer and revoke its key: the bus refuses it from its next handshake,
+    and (on the scheduler that handled it) its messages from now on."""
+    group = "nodes" if kind == "agent" else "routers"
+    if direct:
+        state.store()
+        if kind == "agent" and not force:
+            # Only the schedulers know what a node runs (its agent reports it to them).
+            raise click.ClickException(
+                "with --store no scheduler says whether the node still has replicas:"
+                " drain it first and pass --force too, or remove it through the scheduler"
+            )
+        try:
+            peer = peers.peer_json(peers.remove(state.cfg.curve_dir(), name, kind))
+        except peers.PeerError as e:
+            raise click.ClickException(str(e)) from None
+        audit.record(f"{group}.remove", actor(), "local", name)
+    else:
+        query = f"?kind={kind}" + ("&force=1" if force else "")
+        peer = client(state).delete(f"/v1/peers/{quote(name, safe='')}{query}")
+    if as_json:
+        print_json(peer)
+        return
+    click.echo(f"{name}: removed; its key is refused from now on", err=True)
+
+
+def remove_options(f):
+    f = click.option(
+        "--store", "direct", is_flag=True, help="Remove from the store directly, not through"
+        " the scheduler (the schedulers refuse the key within 2 s)."
+    )(f)  # fmt: skip
+    f = click.option("--json", "as_json", is_flag=True, help="Print the removed peer as JSON.")(f)
+    return click.argument("name")(f)
 
 
 def _write_keys(out: Path, files: dict[str, str]) -> None:
@@ -112,6 +148,23 @@ def nodes_add(state, name, as_json, out, direct):
     _add(state, name, "agent", as_json, direct, out)
 
 
+@nodes.command("remove")
+@remove_options
+@click.option("--force", is_flag=True, help="Even if it still has replicas (they are cut off).")
+@pass_state
+def nodes_remove(state, name, as_json, direct, force):
+    """Forget NAME and revoke its CURVE key: its agent is refused from now on.
+
+    A node that still has replicas is refused unless --force: drain it first.
+
+    \b
+    Examples:
+      llmgw drain gpu-01 && llmgw nodes remove gpu-01
+      llmgw nodes remove gpu-01 --force
+    """
+    _remove(state, name, "agent", force, direct, as_json)
+
+
 @nodes.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @pass_state
@@ -139,6 +192,20 @@ def routers(ctx):
 def routers_add(state, name, as_json, out, direct):
     """Make NAME's CURVE keypair and let the router subscribe."""
     _add(state, name, "router", as_json, direct, out)
+
+
+@routers.command("remove")
+@remove_options
+@pass_state
+def routers_remove(state, name, as_json, direct):
+    """Forget NAME and revoke its CURVE key: the router is refused from its next
+    connection on (restart it to cut it off now).
+
+    \b
+    Examples:
+      llmgw routers remove edge-01
+    """
+    _remove(state, name, "router", True, direct, as_json)
 
 
 @routers.command("list")

@@ -133,7 +133,7 @@ def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> No
                     r["node"],
                     replica_state(r),
                     r.get("endpoint") or "-",
-                    age(r.get("since"), now),
+                    age(r.get("created") or r.get("since"), now),
                     duration(r.get("idle_s")),
                     size(r["rss"]) if r.get("rss") else "-",
                     last_line(r.get("reason") or ""),
@@ -150,7 +150,7 @@ def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> No
                 r["model"],
                 r["node"],
                 replica_state(r),
-                age(r.get("since"), now),
+                age(r.get("created") or r.get("since"), now),
                 duration(r.get("idle_s")),
             ]
             for r in replicas

@@ -82,6 +82,7 @@ class Feed:
             on_failure=lambda e: self._close(), on_stop=self._close,
         )  # fmt: skip
         self._sub = None
+        self._handshakes: bus.Handshakes | None = None  # the SUB's: is our key refused?
         self._dealers: list = []
         self._poller: zmq.Poller | None = None
         self._last = 0.0
@@ -208,6 +209,10 @@ class Feed:
                         identity=self.name)
             for ep in self.bus_endpoints
         ]  # fmt: skip
+        if self._handshakes is None:
+            self._handshakes = bus.Handshakes(self._sub)
+        else:
+            self._handshakes.follow(self._sub)  # what was said stays said
         self._poller = zmq.Poller()
         self._poller.register(self._sub, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
@@ -216,6 +221,7 @@ class Feed:
 
     def _close(self) -> None:
         if self._sub is not None:
+            self._handshakes.close()
             self._sub.close(0)
         for d in self._dealers:
             d.close(0)
@@ -231,6 +237,13 @@ class Feed:
         sub, dealers = self._sub, self._dealers
         events = dict(self._poller.poll(POLL_S * 1000))
         now = time.monotonic()
+        news = self._handshakes.news()
+        if news is not None and news[0] == "refused":
+            # Refused is not silent: say why, once, rather than "unreachable".
+            reason = news[1]
+            if reason == bus.NOT_REGISTERED:
+                reason += f" ({bus.copy_hint(self.name, 'routers')})"
+            _log.warning("scheduler_refused", reason=reason)
         if self._wake_r in events:
             self._send_wants(dealers)
         if now >= self._next_activity:
@@ -238,7 +251,8 @@ class Feed:
             self._next_activity = now + ACTIVITY_S
         if sub not in events:
             if now - self._last > SILENCE_S:
-                _log.warning("schedulers_silent", seconds=SILENCE_S, action="reconnecting")
+                if self._handshakes.refused is None:  # a refusal was said once already
+                    _log.warning("schedulers_silent", seconds=SILENCE_S, action="reconnecting")
                 self._close()
             return 0.0
         # Only the newest table matters: skip any that queued up behind it (handle()

@@ -86,8 +86,10 @@ def main(config_path, listen, endpoints):
     feed = None
     if cfg.router.schedulers:
         try:
-            keys = bus.load_keypair(cfg.curve_dir(), cfg.router.bus_name)
-            server_public = bus.load_public(cfg.curve_dir(), bus.SCHEDULER)
+            name = cfg.router.bus_name
+            keys = bus.load_keypair(cfg.curve_dir(), name, "routers")
+            hint = bus.copy_hint(name, "routers")
+            server_public = bus.load_public(cfg.curve_dir(), bus.SCHEDULER, hint)
         except Error as e:
             raise click.ClickException(str(e)) from None
         feed = Feed(

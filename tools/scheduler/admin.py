@@ -122,7 +122,8 @@ class View:
         lost = self.s.inv.lost_nodes()
         return [
             {"id": r.id, "model": r.model, "node": r.node, "state": self.s.inv.state_of(r, lost),
-             "endpoint": r.endpoint, "since": r.since, "rss": r.rss, "reason": r.reason,
+             "endpoint": r.endpoint, "since": r.since, "created": r.created, "rss": r.rss,
+             "reason": r.reason,
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
              "idle_s": _round(self.s.idle_s(r, now))}
             for r in sorted(self.s.inv.replicas.values(), key=lambda r: (r.model, r.since))
@@ -442,6 +443,8 @@ class Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
         if len(parts) == 3 and parts[:2] == ["v1", "operators"]:
             return self._operators_remove(parts[2])
+        if registry.delete(self, parts, urlsplit(self.path).query):
+            return
         s = self.sched
         if len(parts) == 3 and parts[:2] == ["v1", "models"]:
             with s.lock:
@@ -529,9 +532,12 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
-def serve(sched, listen: str, token: str, ssl_context=None, cfg=None) -> ThreadingHTTPServer:
+def serve(sched, listen: str, token: str, ssl_context=None, cfg=None,
+          bus_auth=None) -> ThreadingHTTPServer:  # fmt: skip
+    """`bus_auth`: the bus's authenticator, told at once of a removed peer."""
     host, _, port = listen.rpartition(":")
-    handler = type("BoundHandler", (Handler,), {"sched": sched, "token": token, "cfg": cfg})
+    handler = type("BoundHandler", (Handler,),
+                   {"sched": sched, "token": token, "cfg": cfg, "bus_auth": bus_auth})  # fmt: skip
     server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
     if ssl_context is not None:
         # The handshake happens on the handler's thread, so a slow client cannot stall

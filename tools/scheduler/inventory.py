@@ -42,6 +42,12 @@ class Replica:
     # Its node was lost while it ran: whatever becomes of it is the node's doing, not its
     # engine's (cleared once its agent reports it alive again).
     orphaned: bool = False
+    # When it was first known (asked for, or first reported): its age. `since` is when
+    # its state last changed, so a replica that just began draining looked 0 s old.
+    created: float = 0.0
+
+    def __post_init__(self):
+        self.created = self.created or self.since
 
 
 class Inventory:

@@ -54,6 +54,15 @@ def _alive_here(holder: str) -> bool:
     return True
 
 
+def standby_news(followed: tuple[str, int] | None, held) -> tuple[str, int] | None:
+    """The (leader, epoch) a standby should now say it follows, or None if unchanged
+    (`held`: the lease as read, a lease.Holder or None)."""
+    if held is None or held.expires_in <= 0 or not held.name:
+        return None  # nobody leads: the next acquire takes it, and says `leading`
+    now = (held.name, held.epoch)
+    return None if now == followed else now
+
+
 class Leadership:
     def __init__(self, db: peewee.Database, cfg, name: str, admin_url: str, on_change=None):
         self.db = db
@@ -74,6 +83,7 @@ class Leadership:
             on_failure=self._store_failed, on_stop=self._release,
         )  # fmt: skip
         self._ticked_leading = False
+        self._following: tuple[str, int] | None = None  # said in `standing_by`
         # Called (from this thread) with (epoch, True) on a takeover and (epoch, False)
         # when the lease is known lost.
         self.on_change = on_change or (lambda epoch, leading: None)
@@ -148,12 +158,22 @@ class Leadership:
                                       self.s.lease_s)  # fmt: skip
                 if epoch is not None:
                     self._took(epoch, t0)
+                    self._following = None
+                else:
+                    self._stand_by()
             lease.seen(self.db, self.name, self.holder,
                        "leader" if self.leading() else "standby", self.admin_url)  # fmt: skip
         finally:
             metrics.LEADER.labels(self.name).set(1 if self.leading() else 0)
         wait = self.s.renew_s if self.leading() else self.s.standby_retry_s
         return max(0.0, wait - (time.monotonic() - t0))
+
+    def _stand_by(self) -> None:
+        """Once when it starts standing by, and again when the leader it follows changes."""
+        news = standby_news(self._following, lease.current(self.db))
+        if news is not None:
+            self._following = news
+            _log.info("standing_by", name=self.name, leader=news[0], epoch=news[1])
 
     def _store_failed(self, e: BaseException) -> None:
         """A leader that cannot renew stops acting step_down_s after its last renewal, by

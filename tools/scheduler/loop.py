@@ -37,7 +37,8 @@ class Loop:
         self.sched = sched
         self.cfg = cfg
         self.ctx = zmq.Context()
-        self.auth = bus.PeerAuthenticator(self.ctx, lookup=lookup_peer).start_for()
+        self.auth = bus.PeerAuthenticator(self.ctx, lookup=lookup_peer, logger=_log).start_for()
+        self._said: set[tuple[str, str, str]] = set()  # (what, key owner, claimed), logged
         self.refresh_peers()
         self.router = bus.serve(self.ctx, zmq.ROUTER, cfg.scheduler.bus, keys)
         self.pub = bus.serve(self.ctx, zmq.PUB, cfg.scheduler.publish, keys)
@@ -102,10 +103,32 @@ class Loop:
             except bus.BusError as e:
                 _log.warning("bad_message", node=sender, reason=str(e))
                 continue
-            if ident.bytes.decode(errors="replace") != sender:
-                _log.warning("identity_mismatch", node=sender, claimed=ident.bytes[:64])
+            claimed = ident.bytes[:64].decode(errors="replace")
+            if claimed != sender:
+                self._refuse(ident.bytes, "identity_mismatch", sender, claimed,
+                             f"this key is {sender}'s, but the agent calls itself {claimed}:"
+                             f" copy {claimed}.key_secret from the control plane, or set"
+                             f" [agent] name = \"{sender}\"")  # fmt: skip
+                continue
+            if not self.auth.allows(sender):
+                # Removed (`llmgw nodes remove`) while connected: its handshake was before.
+                self._refuse(ident.bytes, "peer_refused", sender, claimed,
+                             "key removed from the control plane")  # fmt: skip
                 continue
             self.sched.handle(sender, msg)
+
+    def _refuse(self, ident: bytes, what: str, sender: str, claimed: str, reason: str) -> None:
+        """Drop a peer's message, log why once per (key owner, claimed name), and tell the
+        peer every time (it logs it once): a refused agent that hears nothing looks fine."""
+        if (what, sender, claimed) not in self._said:
+            self._said.add((what, sender, claimed))
+            _log.warning(what, node=sender, claimed=claimed, reason=reason)
+        try:
+            self.router.send_multipart(
+                [ident, bus.encode("refused", bus.SCHEDULER, {"reason": reason})], zmq.NOBLOCK
+            )
+        except zmq.ZMQError:
+            pass  # gone already: nothing to tell
 
     def _flush(self) -> None:
         for node, data in self.sched.outbox:

@@ -86,7 +86,9 @@ def main(config_path):
             ssl_context = tls.server_context(
                 cfg.file(cfg.scheduler.admin_tls_cert), cfg.file(cfg.scheduler.admin_tls_key)
             )
-        admin = serve_admin(sched, cfg.scheduler.admin_listen, token, ssl_context, cfg=cfg)
+        admin = serve_admin(
+            sched, cfg.scheduler.admin_listen, token, ssl_context, cfg=cfg, bus_auth=loop.auth
+        )
     except OSError as e:
         loop.close()
         leadership.stop()

@@ -166,7 +166,7 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
             e(r["model"]),
             e(r["node"]),
             state(r["state"]),
-            e(age(r.get("since"), now)),
+            e(age(r.get("created") or r.get("since"), now)),
             e(size(r["rss"])) if r.get("rss") else "-",
             e(last_line(r.get("reason", ""))),
         ]

@@ -63,6 +63,47 @@ def post(h, parts: list[str]) -> bool:
     return True
 
 
+def delete(h, parts: list[str], query: str) -> bool:
+    """DELETE /v1/peers/NAME?kind=agent|router[&force=1]: revoke a peer's key; False if
+    the path is not ours."""
+    if len(parts) != 3 or parts[:2] != ["v1", "peers"]:
+        return False
+    q = {k: v[-1] for k, v in parse_qs(query).items()}
+    name, kind = parts[2], q.get("kind", "agent")
+    if kind not in peers.KINDS:
+        h._error(400, "invalid_value", f"kind must be one of {', '.join(peers.KINDS)}")
+        return True
+    force = q.get("force") in ("1", "true")
+    if kind == "agent" and not force:
+        s = h.sched
+        with s.lock:
+            held = sorted(r.id for r in s.inv.replicas.values() if r.node == name)
+        if held:
+            h._error(409, "node_has_replicas", replicas_refusal(name, held))
+            return True
+    try:
+        peer = peers.remove(Path(h.cfg.curve_dir()), name, kind)
+    except peers.PeerError as e:
+        h._error(404, "peer_not_found", str(e))
+        return True
+    # At once on this scheduler, not at its next refresh from the store (2 s); the other
+    # scheduler learns it at its own.
+    auth = getattr(h, "bus_auth", None)
+    if auth is not None:
+        auth.revoke(peer.public_key)
+    h._change(f"{'nodes' if kind == 'agent' else 'routers'}.remove", name, force=force or None)
+    h._send(200, peers.peer_json(peer))
+    return True
+
+
+def replicas_refusal(name: str, replicas: list[str]) -> str:
+    """Why a node with replicas is not removed, and what to do instead."""
+    return (
+        f"node {name} still has {len(replicas)} replica(s) ({', '.join(replicas[:5])}):"
+        f" drain it first (`llmgw drain {name}`), or pass --force to cut it off with them"
+    )
+
+
 def _create_key(h, body: dict) -> None:
     name = body.get("name")
     models = body.get("models", [])

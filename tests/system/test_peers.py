@@ -1,0 +1,95 @@
+"""Who the bus lets in, as the operator sees it: refusals said once, on both sides, in
+words that point at the keys; and `nodes remove` / `routers remove` revoking a key."""
+
+import shutil
+import time
+
+from llmgw import bus
+from tests.helpers import BIN, Proc, eventually
+from tests.system.conftest import GiB
+
+
+def _curve(cluster):
+    return cluster.etc / "pki" / "curve"
+
+
+def test_an_unregistered_agent_is_refused_on_both_sides_once_and_never_called_unreachable(cluster):
+    cluster.start_scheduler()
+    bus.create_keypair(_curve(cluster), "stranger")  # a keypair, never registered
+    agent = cluster.start_agent("stranger", memory=GiB, register=False)
+    eventually(lambda: "scheduler_refused" in agent.log(), timeout=15,
+               what="the agent to say it is refused")  # fmt: skip
+    # Its socket is made afresh every 5 s and refused again: still one line each side.
+    first = cluster.scheduler.log().count("peer_refused")
+    eventually(lambda: agent.log().count("scheduler_reconnect") >= 2, timeout=20,
+               what="the agent to try again twice")  # fmt: skip
+    assert "key not registered (run `llmgw nodes add stranger` on the control plane" in agent.log()
+    assert agent.log().count("scheduler_refused") == 1
+    assert "scheduler_unreachable" not in agent.log()
+    sched = cluster.scheduler.log()
+    assert first == 1 and sched.count("peer_refused") == 1, sched
+    public = bus.load_public(_curve(cluster), "stranger")
+    line = next(x for x in sched.splitlines() if "peer_refused" in x)
+    assert public[:8] in line and 'reason="key not registered"' in line, line
+    assert "address=127.0.0.1" in line
+
+
+def test_an_agent_with_another_nodes_key_is_told_so_once_and_the_scheduler_says_it_once(cluster):
+    cluster.start_scheduler()
+    cluster.register("gpu-03")
+    curve = _curve(cluster)
+    shutil.copy(curve / "gpu-03.key_secret", curve / "gpu-04.key_secret")  # the wrong file
+    agent = cluster.start_agent("gpu-04", memory=GiB, register=False)
+    eventually(lambda: "scheduler_refused" in agent.log(), timeout=15,
+               what="the agent to hear it is refused")  # fmt: skip
+    assert "this key is gpu-03's, but the agent calls itself gpu-04" in agent.log()
+    # That nothing repeats can only be seen after a while: four heartbeats (0.5 s) more.
+    time.sleep(2.0)
+    sched = cluster.scheduler.log()
+    assert sched.count("identity_mismatch") == 1, sched
+    line = next(x for x in sched.splitlines() if "identity_mismatch" in x)
+    assert "node=gpu-03" in line and "claimed=gpu-04" in line and "b'" not in line, line
+    assert agent.log().count("scheduler_refused") == 1
+
+
+def test_a_node_with_replicas_is_not_removed_without_force_and_once_removed_is_refused(served):
+    cluster = served
+    result = cluster.ctl("nodes", "remove", "node-a")
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "still has 1 replica(s)" in result.stderr and "--force" in result.stderr
+    assert "node-a" in [p["name"] for p in cluster.admin("/v1/peers?kind=agent")]
+
+    result = cluster.ctl("nodes", "remove", "node-a", "--force")
+    assert result.returncode == 0, result.stderr
+    assert "node-a" not in [p["name"] for p in cluster.admin("/v1/peers?kind=agent")]
+    # Its connection was authenticated before: its messages are refused from now on.
+    agent = cluster.agents["node-a"]
+    eventually(lambda: "key removed from the control plane" in agent.log(), timeout=10,
+               what="node-a to hear it was removed")  # fmt: skip
+    actions = [e["action"] for e in cluster.admin("/v1/audit")]
+    assert "nodes.remove" in actions
+    assert cluster.ctl("nodes", "remove", "node-a").returncode == 1  # gone already
+
+
+def test_a_removed_router_is_refused_at_its_next_connection(served):
+    cluster = served
+    curve = _curve(cluster)
+    # What the router's own host keeps: the control plane's copy goes with the removal.
+    kept = {f: (curve / f).read_bytes() for f in ("router.key", "router.key_secret")}
+    result = cluster.ctl("routers", "remove", "router")
+    assert result.returncode == 0, result.stderr
+    assert cluster.admin("/v1/peers?kind=router") == []
+    assert "routers.remove" in [e["action"] for e in cluster.admin("/v1/audit")]
+    assert not (curve / "router.key_secret").exists()
+
+    cluster.router.stop()
+    for name, data in kept.items():
+        (curve / name).write_bytes(data)
+    again = Proc([str(BIN / "llmgw-router"), "--config", str(cluster.tmp / "router.toml")],
+                 cluster.tmp / "router-2.log")  # fmt: skip
+    cluster.router = again  # stopped with the cluster
+    eventually(lambda: "scheduler_refused" in again.log(), timeout=15,
+               what="the restarted router to be refused")  # fmt: skip
+    assert "key not registered" in again.log()
+    assert "peer_refused" in cluster.scheduler.log()

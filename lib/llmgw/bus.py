@@ -25,6 +25,10 @@ from llmgw.errors import Error
 
 VERSION = 1
 SCHEDULER = "scheduler"  # the scheduler's keypair name
+# The scheduler's next keypair, during a rotation (`llmgw keys rotate-scheduler`): made
+# by the scheduler, copied to every peer beside scheduler.key, then swapped in.
+NEXT_SCHEDULER = "scheduler.next"
+RETIRED_SCHEDULER = "scheduler.retired"
 # The reason a restarted agent gives for a shard whose engine it did not find running
 # (after a reboot, say): the node's doing, never its engine's, so not a failed start.
 GONE_AFTER_AGENT_RESTART = "not running after agent restart"
@@ -86,6 +90,47 @@ def load_public(directory: Path, name: str, hint: str = "") -> str:
     except (OSError, ValueError) as e:
         raise BusError(f"cannot load CURVE public key {file}: {e}") from None
     return public.decode()
+
+
+def scheduler_keys(directory: Path) -> list[str]:
+    """The scheduler public keys a peer trusts: scheduler.key, and scheduler.next.key
+    while a rotation is under way. Read again whenever a handshake fails, so a peer
+    follows a rotation without a restart."""
+    keys = []
+    for name in (SCHEDULER, NEXT_SCHEDULER):
+        if (directory / f"{name}.key").exists():
+            try:
+                keys.append(load_public(directory, name))
+            except BusError:
+                continue  # half-copied: the other key may still do
+    return list(dict.fromkeys(keys))
+
+
+def other_key(directory: Path, current: str) -> str | None:
+    """The trusted scheduler key to try after `current` failed its handshakes, or None
+    when there is no other."""
+    keys = scheduler_keys(directory)
+    if current not in keys:
+        return keys[0] if keys else None
+    if len(keys) < 2:
+        return None
+    return keys[(keys.index(current) + 1) % len(keys)]
+
+
+def rotate_scheduler_keys(directory: Path) -> str:
+    """Make scheduler.next's keypair the scheduler's (the old one kept as
+    scheduler.retired); return the new public key. Each file is replaced in a rename."""
+    for suffix in (".key", ".key_secret"):
+        current = directory / f"{SCHEDULER}{suffix}"
+        nxt = directory / f"{NEXT_SCHEDULER}{suffix}"
+        if not nxt.exists():
+            raise BusError(f"no {nxt}: run `llmgw keys rotate-scheduler` first")
+    for suffix in (".key", ".key_secret"):
+        current = directory / f"{SCHEDULER}{suffix}"
+        if current.exists():
+            current.replace(directory / f"{RETIRED_SCHEDULER}{suffix}")
+        (directory / f"{NEXT_SCHEDULER}{suffix}").replace(current)
+    return load_public(directory, SCHEDULER)
 
 
 # -- messages -----------------------------------------------------------------------------
@@ -282,6 +327,10 @@ class Handshakes:
                 if outcome != self.refused and (auth or self._failures >= FAILED_HANDSHAKES):
                     self.refused, news = outcome, ("refused", outcome)
         return news
+
+    def forget(self) -> None:
+        """Start afresh (another key is being tried): its refusal will be news."""
+        self._failures, self.refused = 0, None
 
     def follow(self, sock: zmq.Socket) -> None:
         """Watch a fresh socket instead (after a reconnect), keeping what was said."""

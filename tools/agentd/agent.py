@@ -72,6 +72,8 @@ class Link:
     away_since: float = field(default_factory=time.monotonic)
     handshakes: bus.Handshakes | None = None
     told: str = ""  # the reason the scheduler last gave for refusing us, once logged
+    server_key: str = ""  # the scheduler public key this link trusts now
+    tried_other: bool = False  # since the last accepted handshake
 
     def refused(self) -> bool:
         return self.handshakes is not None and self.handshakes.refused is not None
@@ -187,12 +189,16 @@ class Agent:
                 continue
             what, reason = news
             if what == "refused":
+                if reason != bus.NOT_REGISTERED and not link.tried_other:
+                    link.tried_other = True
+                    if self._try_other_key(link):
+                        continue  # a rotation: the scheduler serves with its next key
                 if reason == bus.NOT_REGISTERED:
                     reason += f" ({bus.copy_hint(self.name)})"
                 _log.warning("scheduler_refused", endpoint=link.endpoint, reason=reason)
                 link.reachable = False
             else:
-                link.told = ""
+                link.told, link.tried_other = "", False
 
     def handle(self, data: bytes, link: Link | None = None) -> None:
         try:
@@ -269,21 +275,41 @@ class Agent:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def _connect(self, endpoint: str) -> zmq.Socket:
+    def _connect(self, endpoint: str, server_key: str) -> zmq.Socket:
         sock = bus.connect(
-            self.ctx, zmq.DEALER, [endpoint], self.keys, self.scheduler_public, identity=self.name
+            self.ctx, zmq.DEALER, [endpoint], self.keys, server_key, identity=self.name
         )
         self.poller.register(sock, zmq.POLLIN)
         return sock
 
+    def _try_other_key(self, link: Link) -> bool:
+        """Handshakes keep failing: if scheduler.next.key is here (a key rotation), try
+        it, and back the other way if the scheduler has not rotated yet. True if a
+        different key is now being tried."""
+        other = bus.other_key(self.cfg.curve_dir(), link.server_key)
+        if other is None or other == link.server_key:
+            return False
+        link.server_key = other
+        self._relink(link, time.monotonic())
+        link.handshakes.forget()  # count the new key's failures afresh
+        _log.info("scheduler_key_tried", endpoint=link.endpoint, public_key=other[:8])
+        return True
+
+    def _relink(self, link: Link, now: float) -> None:
+        self.poller.unregister(link.sock)
+        link.sock.close(0)
+        link.sock = self._connect(link.endpoint, link.server_key)
+        link.handshakes.follow(link.sock)
+        link.away_since = now
+
     def _reconnect(self, now: float) -> None:
         for link in self.links:
             if link.reachable is False and now - link.away_since > RECONNECT_S:
-                self.poller.unregister(link.sock)
-                link.sock.close(0)
-                link.sock = self._connect(link.endpoint)
-                link.handshakes.follow(link.sock)
-                link.away_since = now
+                if link.refused():  # keys copied since: each retry tries the other one
+                    link.server_key = (
+                        bus.other_key(self.cfg.curve_dir(), link.server_key) or link.server_key
+                    )
+                self._relink(link, now)
                 _log.debug("scheduler_reconnect", endpoint=link.endpoint)
 
     def run(self, stop: threading.Event) -> None:
@@ -291,8 +317,15 @@ class Agent:
         ctx = self.ctx = zmq.Context()
         poller = self.poller = zmq.Poller()
         for endpoint in self.cfg.agent.schedulers:
-            sock = self._connect(endpoint)
-            self.links.append(Link(endpoint, sock, handshakes=bus.Handshakes(sock)))
+            sock = self._connect(endpoint, self.scheduler_public)
+            self.links.append(
+                Link(
+                    endpoint,
+                    sock,
+                    handshakes=bus.Handshakes(sock),
+                    server_key=self.scheduler_public,
+                )  # fmt: skip
+            )
         self.supervisor.adopt()
         _log.info(
             "started",

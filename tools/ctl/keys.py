@@ -136,3 +136,40 @@ def keys_revoke(state, key_ids, direct):
         client(state).post("/v1/keys/revoke", {"ids": list(key_ids)})
     for key_id in key_ids:
         click.echo(f"revoked {key_id}", err=True)
+
+
+@keys.command("rotate-scheduler")
+@click.option("--finish", is_flag=True, help="Serve with the new keypair from now on.")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
+@pass_state
+def keys_rotate_scheduler(state, finish, as_json):
+    """Replace the scheduler's CURVE keypair, with an overlap so nothing is cut off.
+
+    \b
+    1. llmgw keys rotate-scheduler
+         makes scheduler.next.key(_secret) beside scheduler.key on the scheduler.
+    2. Copy scheduler.next.key to every agent and router, into their pki/curve/
+       beside scheduler.key (no restart: they read it when a handshake fails).
+    3. llmgw keys rotate-scheduler --finish
+         the scheduler serves with the new keypair (the old one is kept as
+         scheduler.retired.key*); every peer reconnects with the next key.
+    4. On every peer, move scheduler.next.key over scheduler.key: the old key retires.
+
+    With a standby, copy both scheduler.next.key* files to it and run --finish on it
+    too (--admin-url); peers try either key on each scheduler.
+    """
+    out = client(state).post("/v1/scheduler-key/rotate", {"finish": finish})
+    if as_json:
+        print_json(out)
+        return
+    if out["step"] == "begin":
+        click.echo(
+            f"scheduler {out['scheduler']}: the next public key is {out['public_key']}\n"
+            f"copy {out['dir']}/scheduler.next.key to every agent and router's pki/curve/,"
+            " then run: llmgw keys rotate-scheduler --finish"
+        )
+    else:
+        click.echo(
+            f"scheduler {out['scheduler']} serves with {out['public_key']}; on every peer,"
+            " move scheduler.next.key over scheduler.key"
+        )

@@ -64,8 +64,12 @@ class Feed:
         apply=None,
         bus_endpoints: list[str] = (),
         name: str = "router",
+        curve_dir=None,
     ):
         self.table = table
+        # Where scheduler.key and, during a key rotation, scheduler.next.key are.
+        self.curve_dir = curve_dir
+        self._tried_other = False
         self.schedulers = schedulers
         self.keys = keys
         self.server_public = server_public
@@ -219,6 +223,19 @@ class Feed:
         self._last = time.monotonic()
         self._next_activity = self._last + ACTIVITY_S
 
+    def _switch_key(self) -> bool:
+        """Reconnect with the other trusted scheduler key, if there is one."""
+        if self.curve_dir is None:
+            return False
+        other = bus.other_key(self.curve_dir, self.server_public)
+        if other is None or other == self.server_public:
+            return False
+        self.server_public = other
+        self._close()
+        self._handshakes.forget()
+        _log.info("scheduler_key_tried", public_key=other[:8])
+        return True
+
     def _close(self) -> None:
         if self._sub is not None:
             self._handshakes.close()
@@ -238,9 +255,17 @@ class Feed:
         events = dict(self._poller.poll(POLL_S * 1000))
         now = time.monotonic()
         news = self._handshakes.news()
+        if news is not None and news[0] == "accepted":
+            self._tried_other = False
         if news is not None and news[0] == "refused":
-            # Refused is not silent: say why, once, rather than "unreachable".
             reason = news[1]
+            if reason != bus.NOT_REGISTERED and not self._tried_other:
+                # Handshakes fail: a key rotation may be under way. Try the other
+                # trusted key (scheduler.next.key) before calling it a refusal.
+                self._tried_other = True
+                if self._switch_key():
+                    return 0.0
+            # Refused is not silent: say why, once, rather than "unreachable".
             if reason == bus.NOT_REGISTERED:
                 reason += f" ({bus.copy_hint(self.name, 'routers')})"
             _log.warning("scheduler_refused", reason=reason)
@@ -253,6 +278,10 @@ class Feed:
             if now - self._last > SILENCE_S:
                 if self._handshakes.refused is None:  # a refusal was said once already
                     _log.warning("schedulers_silent", seconds=SILENCE_S, action="reconnecting")
+                elif self.curve_dir is not None:  # keys copied since: try the other one
+                    self.server_public = (
+                        bus.other_key(self.curve_dir, self.server_public) or self.server_public
+                    )
                 self._close()
             return 0.0
         # Only the newest table matters: skip any that queued up behind it (handle()

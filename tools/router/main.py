@@ -100,6 +100,7 @@ def main(config_path, listen, endpoints):
             static=eps,
             bus_endpoints=cfg.router.scheduler_bus,
             name=cfg.router.bus_name,
+            curve_dir=cfg.curve_dir(),
         )
     app = build(cfg, table, db, feed, spool=spool)
     _log.info(

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from llmgw import audit, dirs, lease, log, operators
+from llmgw import audit, bus, dirs, lease, log, operators
 from llmgw.dirs import DirError
 from llmgw.errors import ConfigError, OperatorError
 from llmgw.placement import place
@@ -419,6 +419,27 @@ class Handler(BaseHTTPRequestHandler):
         self._change("admin_token.rotate", self.sched.name)
         self._send(200, {"scheduler": self.sched.name, "token": token})
 
+    def _rotate_key(self) -> None:
+        """Begin: make scheduler.next's keypair (once) for the operator to copy to every
+        peer. Finish: serve with it from now on; the old key is kept as retired."""
+        body = self._body()
+        if body is None:
+            return
+        curve = self.cfg.curve_dir()
+        try:
+            if body.get("finish") is True:
+                public = bus.rotate_scheduler_keys(curve)
+                self.loop.rekey = bus.load_keypair(curve, bus.SCHEDULER)
+                step = "finish"
+            else:
+                public = bus.create_keypair(curve, bus.NEXT_SCHEDULER)
+                step = "begin"
+        except (bus.BusError, DirError) as e:
+            return self._error(409, "key_not_rotated", str(e))
+        self._change(f"scheduler_key.{step}", self.sched.name, public_key=public[:8])
+        self._send(200, {"scheduler": self.sched.name, "step": step, "public_key": public,
+                         "dir": str(curve)})  # fmt: skip
+
     def _standby(self) -> bool:
         """Answer a change sent to a standby with who leads; True if it was."""
         s = self.sched
@@ -464,6 +485,8 @@ class Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
         if parts == ["v1", "admin-token", "rotate"]:
             return self._rotate_token()  # this scheduler's own file: a standby's too
+        if parts == ["v1", "scheduler-key", "rotate"]:
+            return self._rotate_key()  # this scheduler's own keypair: a standby's too
         if self._standby():
             return
         if parts == ["v1", "operators"]:
@@ -533,11 +556,13 @@ def _round(x: float | None) -> float | None:
 
 
 def serve(sched, listen: str, token: str, ssl_context=None, cfg=None,
-          bus_auth=None) -> ThreadingHTTPServer:  # fmt: skip
-    """`bus_auth`: the bus's authenticator, told at once of a removed peer."""
+          bus_auth=None, loop=None) -> ThreadingHTTPServer:  # fmt: skip
+    """`bus_auth`: the bus's authenticator, told at once of a removed peer; `loop`: the
+    bus loop, given a new keypair when the scheduler's key is rotated."""
     host, _, port = listen.rpartition(":")
     handler = type("BoundHandler", (Handler,),
-                   {"sched": sched, "token": token, "cfg": cfg, "bus_auth": bus_auth})  # fmt: skip
+                   {"sched": sched, "token": token, "cfg": cfg, "bus_auth": bus_auth,
+                    "loop": loop})  # fmt: skip
     server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
     if ssl_context is not None:
         # The handshake happens on the handler's thread, so a slow client cannot stall

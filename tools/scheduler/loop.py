@@ -44,6 +44,21 @@ class Loop:
         self.pub = bus.serve(self.ctx, zmq.PUB, cfg.scheduler.publish, keys)
         self.running = True
         self.next_peers = 0.0
+        # A new keypair to serve with, set by the admin API (`keys rotate-scheduler
+        # --finish`) and applied on this thread, which owns the sockets.
+        self.rekey: tuple[bytes, bytes] | None = None
+
+    def _apply_rekey(self, poller: zmq.Poller) -> None:
+        """Serve with the new keypair: close both sockets and bind them again. Every
+        peer reconnects; one that trusts the new key (scheduler.next.key) gets in."""
+        keys, self.rekey = self.rekey, None
+        poller.unregister(self.router)
+        self.router.close(0)
+        self.pub.close(0)
+        self.router = _bind_again(self.ctx, zmq.ROUTER, self.cfg.scheduler.bus, keys)
+        self.pub = _bind_again(self.ctx, zmq.PUB, self.cfg.scheduler.publish, keys)
+        poller.register(self.router, zmq.POLLIN)
+        _log.warning("scheduler_key_rotated", public_key=keys[0].decode()[:8])
 
     def refresh_peers(self) -> None:
         try:
@@ -60,6 +75,8 @@ class Loop:
         poller.register(self.router, zmq.POLLIN)
         s = self.sched
         while self.running:
+            if self.rekey is not None:
+                self._apply_rekey(poller)
             events = dict(poller.poll(100))
             with s.lock:
                 if events:
@@ -154,3 +171,16 @@ class Loop:
         self.pub.close(0)
         self.auth.stop()
         self.ctx.term()
+
+
+def _bind_again(ctx: zmq.Context, kind: int, bind: str, keys) -> zmq.Socket:
+    """Bind an address just released: libzmq closes sockets on its own thread, so the
+    port can be busy for a moment."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            return bus.serve(ctx, kind, bind, keys)
+        except bus.BusError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

@@ -87,7 +87,13 @@ def main(config_path):
                 cfg.file(cfg.scheduler.admin_tls_cert), cfg.file(cfg.scheduler.admin_tls_key)
             )
         admin = serve_admin(
-            sched, cfg.scheduler.admin_listen, token, ssl_context, cfg=cfg, bus_auth=loop.auth
+            sched,
+            cfg.scheduler.admin_listen,
+            token,
+            ssl_context,
+            cfg=cfg,
+            bus_auth=loop.auth,
+            loop=loop,
         )
     except OSError as e:
         loop.close()

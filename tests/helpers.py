@@ -1,6 +1,7 @@
 """Helpers every test may use: waiting with a deadline, ports, and real subprocesses."""
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,10 +31,40 @@ def eventually(cond, timeout: float = 10.0, interval: float = 0.05, what: str = 
         time.sleep(interval)
 
 
+# Ports handed out below the kernel's ephemeral range (32768-60999): a port the kernel
+# picks with bind(0) is also what it gives the next outgoing connection, and on a loaded
+# CI machine one took a test's port between free_port() and the server's bind
+# ("Address already in use"). Never the same port twice in one run, either.
+_PORTS = random.Random()
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, for a server a test starts."""
+    for _ in range(10_000):
+        port = _PORTS.randint(20_000, 32_000)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError("no free loopback port between 20000 and 32000")
+
+
+def free_range(n: int = 21) -> tuple[int, int]:
+    """`n` consecutive free ports (an agent's engine range), none handed out again."""
+    for _ in range(1000):
+        lo = free_port()
+        block = range(lo + 1, lo + n)
+        if any(p in _GIVEN for p in block):
+            continue
+        _GIVEN.update(block)
+        return lo, lo + n - 1
+    raise RuntimeError(f"no {n} free consecutive loopback ports")
 
 
 class Proc:

@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from llmgw import bus
-from tests.helpers import ROOT, Proc, eventually, free_port
+from tests.helpers import ROOT, Proc, eventually, free_port, free_range
 
 NODE = "node-a"
 MEMORY = 8 * 1024**3
@@ -124,8 +124,7 @@ class Node:
         self.scheduler = scheduler
         self.procs: list[Proc] = []
         self.engine_pids: set[int] = set()
-        port = free_port()
-        self.ports = (port, min(port + 20, 65535))
+        self.ports = free_range()
 
     def config(self, engines: dict[str, list[str]] | None = None, **agent) -> Path:
         engines = {"fake": FAKE_ENGINE, **(engines or {})}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.helpers import BIN, ROOT, Proc, eventually, free_port, llmgw
+from tests.helpers import BIN, ROOT, Proc, eventually, free_port, free_range, llmgw
 
 GiB = 1 << 30
 ENGINE_CMD = [
@@ -202,12 +202,12 @@ class Cluster:
         (self.tmp / "ctl.toml").write_text(self._common(self.tmp / "ctl-state"))
         if register and not (self.etc / "pki" / "curve" / f"{name}.key_secret").exists():
             self.register(name)
-        lo = free_port()
+        lo, hi = free_range()
         cfg = self.tmp / f"agent-{name}.toml"
         cfg.write_text(
             self._common(self.tmp / f"agent-{name}")
             + f'[agent]\nname = "{name}"\nschedulers = {self._all("bus")}\nheartbeat_s = 0.5\n'
-            f"memory_bytes = {memory}\nport_min = {lo}\nport_max = {lo + 20}\n"
+            f"memory_bytes = {memory}\nport_min = {lo}\nport_max = {hi}\n"
             'metrics_listen = "127.0.0.1:0"\n' + self._engines()
         )
         proc = Proc(

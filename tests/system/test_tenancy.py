@@ -54,7 +54,7 @@ def test_tenancy_limits_and_budgets_are_made_through_the_api_and_audited(cluster
         ("limits.remove", "user:ada@acme.org"),
     ]
     assert entries[4]["detail"]["project"] == "bot"
-    assert entries[5]["detail"] == {"rpm": 60}
+    assert entries[5]["detail"] == {"rpm": 60, "token": "bootstrap"}
 
 
 def test_mistakes_are_one_line_errors_and_change_nothing(cluster):

@@ -17,9 +17,9 @@ from llmgw import audit, dirs, lease, log, operators
 from llmgw.dirs import DirError
 from llmgw.errors import ConfigError, OperatorError
 from llmgw.placement import place
+from llmgw.states import LIVE, LOST, ShardState
 from llmgw.store import BusPeer
 from llmgw_scheduler import page, registry
-from llmgw_scheduler.inventory import LIVE, LOST
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -106,7 +106,7 @@ class View:
         return {
             "name": m.name, "aliases": list(m.aliases), "engine": m.engine_id,
             "min": m.min, "max": m.max, "desired": s.desired_now(m, s.clock()),
-            "ready": mine.count("ready"), "replicas": len(mine) - mine.count(LOST),
+            "ready": mine.count(ShardState.READY), "replicas": len(mine) - mine.count(LOST),
             "lost": mine.count(LOST),
             "state": state, "reason": reason,
             "failures": b.failures if b else 0,

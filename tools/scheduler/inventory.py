@@ -7,10 +7,7 @@ replica the scheduler asked for but no agent reports is known to be missing.
 
 from dataclasses import dataclass, field
 
-# Shard states an agent reports, plus "pending": asked for, not reported yet.
-LIVE = ("pending", "starting", "ready", "draining")
-# Not a state an agent reports: a live replica on a lost node, as operators are shown it.
-LOST = "lost"
+from llmgw.states import ENDED, LIVE, LOST, ShardState
 
 
 @dataclass
@@ -32,7 +29,7 @@ class Replica:
     model: str
     node: str
     profile: str
-    state: str  # pending | starting | ready | draining | stopping | failed | stopped
+    state: str  # a ShardState
     since: float
     endpoint: str = ""
     key: str = ""
@@ -79,7 +76,7 @@ class Inventory:
         for r in list(self.replicas.values()):
             if r.node != node_id or r.id in seen:
                 continue
-            if r.state == "pending" and now - r.since < grace_s:
+            if r.state == ShardState.PENDING and now - r.since < grace_s:
                 continue
             vanished.append(self.replicas.pop(r.id))
             changed = True
@@ -102,8 +99,8 @@ class Inventory:
             changed = True
         else:
             changed = r.state != state or r.endpoint != shard.get("endpoint", r.endpoint)
-            if r.state == "stopping" and state in ("ready", "starting", "draining"):
-                state = "stopping"  # we asked it to stop; the report predates that
+            if r.state == ShardState.STOPPING and state in LIVE:
+                state = ShardState.STOPPING  # we asked it to stop; the report predates that
                 changed = False
         if r.state != state:
             r.since = now
@@ -113,7 +110,7 @@ class Inventory:
         r.endpoint = shard.get("endpoint", r.endpoint) or r.endpoint
         r.rss = int(shard.get("rss") or 0)
         r.reason = shard.get("reason", "") or ""
-        if state in ("failed", "stopped"):
+        if state in ENDED:
             self.replicas.pop(rid, None)
         return changed
 

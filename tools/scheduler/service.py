@@ -18,6 +18,7 @@ from llmgw.catalog import Model
 from llmgw.errors import ConfigError
 from llmgw.placement import NodeView, place
 from llmgw.reconciler import Backoff, Desired, ReplicaView, after_failure, after_success, reconcile
+from llmgw.states import LIVE, REPORTS, STARTING, ModelState, MsgType, ShardState
 from llmgw.store import (
     DrainedNode,
     ModelScale,
@@ -26,7 +27,7 @@ from llmgw.store import (
     RuntimeModel,
     drop_connection,
 )
-from llmgw_scheduler.inventory import LIVE, Inventory, Replica
+from llmgw_scheduler.inventory import Inventory, Replica
 from llmgw_scheduler.needs import Needs
 
 _log = log.get("llmgw.scheduler")
@@ -108,11 +109,11 @@ class Scheduler:
         if isinstance(seen, int) and seen > self.epoch and self.leading():
             # An agent has had a command from a newer leader: we have been replaced.
             self.superseded(seen, f"node {sender} has seen epoch {seen}")
-        if kind == "refused":
+        if kind == MsgType.REFUSED:
             _log.warning("command_refused", node=sender, type=body.get("type"),
                          reason=body.get("reason"))  # fmt: skip
             return
-        if kind in ("hello", "heartbeat"):
+        if kind in REPORTS:
             node = self.inv.nodes.get(sender)
             if node is None or node.lost:
                 _log.info(
@@ -129,10 +130,10 @@ class Scheduler:
             )
             for r in vanished:
                 _log.warning("replica_vanished", replica=r.id, model=r.model, node=sender)
-                if r.state != "stopping":
+                if r.state != ShardState.STOPPING:
                     self._failed(r.model, now, counts=_a_start(r.state, r.orphaned))
             self.routes_dirty |= changed
-        elif kind == "shard_status":
+        elif kind == MsgType.SHARD_STATUS:
             shard = body.get("shard") or {}
             before = self.inv.replicas.get(shard.get("id"))
             before_state = before.state if before else None
@@ -142,7 +143,7 @@ class Scheduler:
             if self.inv.shard_update(sender, shard, now):
                 self.routes_dirty = True
                 self._shard_changed(sender, shard, before_state, now, orphaned)
-        elif kind == "want":
+        elif kind == MsgType.WANT:
             model = self._by_alias.get(body.get("model", ""))
             if model is not None:
                 m = self.models[model]
@@ -154,7 +155,7 @@ class Scheduler:
                     key = (model, sender)
                     self._wants_pending[key] = max(n, self._wants_pending.get(key, 0))
                 self.wake = True  # place it now, not at the next tick
-        elif kind == "activity":
+        elif kind == MsgType.ACTIVITY:
             for name, idle in (body.get("idle_s") or {}).items():
                 model = self._by_alias.get(name)
                 if model is None or not isinstance(idle, int | float):
@@ -166,12 +167,12 @@ class Scheduler:
                 r = self.inv.replicas.get(rid)
                 if r is not None and isinstance(idle, int | float):
                     r.last_used = max(r.last_used, now - idle)
-        elif kind == "logs":
+        elif kind == MsgType.LOGS:
             waiter = self.log_requests.get(body.get("request", ""))
             if waiter is not None:
                 waiter["reply"] = body
                 waiter["done"].set()
-        elif kind == "install_status":
+        elif kind == MsgType.INSTALL_STATUS:
             node = self.inv.nodes.get(sender)
             if node is not None:
                 node.engines[body.get("engine", "")] = {
@@ -198,12 +199,12 @@ class Scheduler:
             was=before,
             reason=(shard.get("reason") or "")[:300] or None,
         )
-        if state == "ready":
+        if state == ShardState.READY:
             self.backoff[model] = after_success(self.backoff.get(model, Backoff()))
             m = self.models.get(model)
             if m is not None and shard.get("rss") and self.leading():  # a standby writes nothing
                 self.needs.record(m, int(shard["rss"]))
-        elif state == "failed" and before != "stopping":
+        elif state == ShardState.FAILED and before != ShardState.STOPPING:
             reason = shard.get("reason") or ""
             # An engine that died after it was ready still backs off (its failures start
             # again at its next ready); one gone with its node or agent is no failure.
@@ -262,7 +263,7 @@ class Scheduler:
         lost = {n.id for n in self.inv.nodes.values() if n.lost}
         ready: dict[str, int] = {}
         for r in self.inv.replicas.values():
-            if r.state == "ready" and r.node not in lost:
+            if r.state == ShardState.READY and r.node not in lost:
                 ready[r.model] = ready.get(r.model, 0) + 1
         leaving = sorted(
             (r for r in self.inv.replicas.values() if r.node in self.drained and r.state in LIVE),
@@ -271,7 +272,7 @@ class Scheduler:
         for r in leaving:
             m = self.models.get(r.model)
             overdue = now - self.drained[r.node] >= self.cfg.drain_grace_s
-            if r.state != "ready":
+            if r.state != ShardState.READY:
                 self._stop(r.id, now)  # not serving anyway
             elif m is None or overdue or ready.get(r.model, 0) - 1 >= m.min:
                 ready[r.model] = ready.get(r.model, 0) - 1
@@ -282,7 +283,7 @@ class Scheduler:
         request = secrets.token_hex(8)
         entry = {"done": threading.Event(), "reply": None}
         self.log_requests[request] = entry
-        self._send(node, "get_logs", {"id": shard, "lines": lines, "request": request})
+        self._send(node, MsgType.GET_LOGS, {"id": shard, "lines": lines, "request": request})
         entry["request"] = request
         return entry
 
@@ -404,26 +405,29 @@ class Scheduler:
     def model_status(self, model: str) -> tuple[str, str]:
         """(state, reason): serving, starting, backoff, parked, unplaceable or stopped."""
         if model in self.parked:
-            return "parked", self.parked[model].reason
+            return ModelState.PARKED, self.parked[model].reason
         lost = self.inv.lost_nodes()
         ready = sum(
             1
             for r in self.inv.replicas.values()
-            if r.model == model and r.state == "ready" and r.node not in lost
+            if r.model == model and r.state == ShardState.READY and r.node not in lost
         )
         if ready:
-            return "serving", ""
+            return ModelState.SERVING, ""
         if model in self.making_room:
-            return "starting", f"making room: {self.making_room[model][0]} is being stopped"
+            return (
+                ModelState.STARTING,
+                f"making room: {self.making_room[model][0]} is being stopped",
+            )
         if model in self.unplaceable:
-            return "unplaceable", self.unplaceable[model]
+            return ModelState.UNPLACEABLE, self.unplaceable[model]
         b = self.backoff.get(model)
         if b is not None and b.failures and b.next_at > self.clock():
-            return "backoff", self.last_error.get(model, "")
+            return ModelState.BACKOFF, self.last_error.get(model, "")
         m = self.models[model]
         if m.min == 0 and not self.active(m, self.clock()):
-            return "stopped", ""
-        return "starting", ""
+            return ModelState.STOPPED, ""
+        return ModelState.STARTING, ""
 
     # -- restarts ------------------------------------------------------------------------
 
@@ -547,11 +551,11 @@ class Scheduler:
                 # Asked for by the last leader, not reported yet: count it as pending, so
                 # it is not started again; the start timeout removes it if it never comes.
                 self.inv.replicas[row.id] = Replica(
-                    row.id, row.model, row.node, row.profile, "pending", now
+                    row.id, row.model, row.node, row.profile, ShardState.PENDING, now
                 )
         self.routes_dirty = True
         for node in self.inv.nodes:
-            self._send(node, "leader", {"epoch": epoch, "name": self.name})
+            self._send(node, MsgType.LEADER, {"epoch": epoch, "name": self.name})
         _log.info("took_over", epoch=epoch, nodes=len(self.inv.nodes),
                   replicas=len(self.inv.replicas), intents=len(self.intents))  # fmt: skip
 
@@ -609,7 +613,9 @@ class Scheduler:
         for job in self.restarts:
             old = self.inv.replicas.get(job.replica)
             if job.state == restarts.REPLACING and job.how == restarts.IN_PLACE and old:
-                views.append(ReplicaView(old.id, old.model, old.node, "pending", old.since))
+                views.append(
+                    ReplicaView(old.id, old.model, old.node, ShardState.PENDING, old.since)
+                )
         decisions = reconcile(desired, views, self.node_views(), self.backoff, now)
         for model, node, install in decisions.starts:
             if install:
@@ -699,7 +705,7 @@ class Scheduler:
     def idle_s(self, r: Replica, now: float) -> float | None:
         """Seconds a ready replica has gone without a request (since it became ready, if
         it never had one); None for one not serving."""
-        if r.state != "ready":
+        if r.state != ShardState.READY:
             return None
         return max(0.0, now - max(r.last_used, r.since))
 
@@ -726,7 +732,9 @@ class Scheduler:
             engines = {}
             for eid, info in node.engines.items():
                 state = info.get("state", "")
-                engines[eid] = f"failed: {info.get('reason', '')}" if state == "failed" else state
+                engines[eid] = (
+                    f"failed: {info.get('reason', '')}" if state == ShardState.FAILED else state
+                )
             gpus_free = tuple(int(g.get("memory_free", 0)) for g in node.gpus)
             views.append(NodeView(
                 id=node.id, lost=node.lost, draining=node.draining,
@@ -737,12 +745,12 @@ class Scheduler:
 
     def _expire_pending(self, now: float) -> None:
         for r in list(self.inv.replicas.values()):
-            if r.state in ("pending", "starting") and now - r.since > self.cfg.start_timeout_s:
+            if r.state in STARTING and now - r.since > self.cfg.start_timeout_s:
                 _log.warning(
                     "start_timed_out", replica=r.id, model=r.model, node=r.node, state=r.state
                 )
                 self.inv.replicas.pop(r.id)
-                self._send(r.node, "stop_shard", {"id": r.id})
+                self._send(r.node, MsgType.STOP_SHARD, {"id": r.id})
                 lost = r.orphaned or r.node in self.inv.lost_nodes()
                 self._failed(r.model, now, counts=not lost)
                 if r.id in self.intents:
@@ -765,7 +773,7 @@ class Scheduler:
         self.intents.add(rid)
         key = apikeys.engine_key(self.cluster_secret, rid)
         self.inv.replicas[rid] = Replica(
-            rid, m.name, node, m.profile_hash(), "pending", now, key=key
+            rid, m.name, node, m.profile_hash(), ShardState.PENDING, now, key=key
         )
         body = {
             "id": rid, "model": m.name, "profile": m.profile_hash(), "engine": m.engine,
@@ -774,7 +782,7 @@ class Scheduler:
             "args": list(m.args), "key": key,
         }  # fmt: skip
         _log.info("start_replica", replica=rid, model=m.name, node=node)
-        self._send(node, "start_shard", body)
+        self._send(node, MsgType.START_SHARD, body)
         return rid
 
     def _install(self, node: str, m: Model) -> None:
@@ -784,16 +792,16 @@ class Scheduler:
             return
         self._installs_asked[key] = now
         _log.info("install_engine", node=node, engine=m.engine_id)
-        self._send(node, "install_engine", {"engine": m.engine, "version": m.engine_version})
+        self._send(node, MsgType.INSTALL_ENGINE, {"engine": m.engine, "version": m.engine_version})
 
     def _stop(self, rid: str, now: float) -> None:
         r = self.inv.replicas.get(rid)
         if r is None:
             return
         _log.info("stop_replica", replica=rid, model=r.model, node=r.node, state=r.state)
-        r.state, r.since = "stopping", now
+        r.state, r.since = ShardState.STOPPING, now
         self.routes_dirty = True
-        self._send(r.node, "stop_shard", {"id": rid})
+        self._send(r.node, MsgType.STOP_SHARD, {"id": rid})
 
     def _send(self, node: str, kind: str, body: dict) -> None:
         self.outbox.append((node, bus.encode(kind, "scheduler", body, self.epoch)))
@@ -823,7 +831,9 @@ class Scheduler:
         """The routing table: ready replicas, keeping a lost node's replicas only while
         their model has no ready replica on a live node (its engines may well still run)."""
         lost = {n.id for n in self.inv.nodes.values() if n.lost}
-        ready = [r for r in self.inv.replicas.values() if r.state == "ready" and r.endpoint]
+        ready = [
+            r for r in self.inv.replicas.values() if r.state == ShardState.READY and r.endpoint
+        ]
         served_live = {r.model for r in ready if r.node not in lost}
         out = []
         for r in ready:
@@ -833,7 +843,7 @@ class Scheduler:
             out.append({
                 "id": r.id, "model": r.model, "aliases": list(m.aliases) if m else [],
                 "endpoint": r.endpoint, "key": apikeys.engine_key(self.cluster_secret, r.id),
-                "state": "ready",
+                "state": ShardState.READY,
             })  # fmt: skip
         models = []
         for m in self.models.values():
@@ -850,7 +860,7 @@ def _a_start(state: str | None, orphaned: bool) -> bool:
     """Whether a replica that vanished from its node's heartbeat in `state` was a start
     that failed: not one that had served (the agent lost it, not its engine), and not one
     whose node was lost meanwhile. One we never heard of (None) was starting."""
-    return not orphaned and state in (None, "pending", "starting")
+    return not orphaned and (state is None or state in STARTING)
 
 
 def _gib(n) -> str:

@@ -15,7 +15,7 @@ import time
 
 from llmgw import apikeys, audit, bus, catalog, config, log, restarts
 from llmgw.catalog import Model
-from llmgw.errors import ConfigError
+from llmgw.errors import ConfigError, Conflict, Invalid, NotFound
 from llmgw.placement import NodeView, place
 from llmgw.reconciler import Backoff, Desired, ReplicaView, after_failure, after_success, reconcile
 from llmgw.states import LIVE, REPORTS, STARTING, ModelState, MsgType, ShardState
@@ -243,18 +243,27 @@ class Scheduler:
         for row in DrainedNode.select():
             self.drained[row.name] = row.since
 
+    def known_node(self, node: str) -> None:
+        """NotFound unless `node` has reported or is registered."""
+        if node not in self.inv.nodes and node not in self.registered_nodes:
+            raise NotFound(f"no node '{node}'", "node_not_found")
+
     def drain(self, node: str, now: float) -> None:
+        self.known_node(node)
         DrainedNode.insert(name=node, since=now).on_conflict_ignore().execute()
         self.drained.setdefault(node, now)
         if node in self.inv.nodes:
             self.inv.nodes[node].draining = True
+        self.wake = self.routes_dirty = True
         _log.info("node_draining", node=node, replicas=len(self.inv.on_node(node)))
 
     def undrain(self, node: str) -> None:
+        self.known_node(node)
         DrainedNode.delete().where(DrainedNode.name == node).execute()
         self.drained.pop(node, None)
         if node in self.inv.nodes:
             self.inv.nodes[node].draining = False
+        self.wake = self.routes_dirty = True
         _log.info("node_undrained", node=node)
 
     def _drain_pass(self, now: float) -> None:
@@ -278,8 +287,14 @@ class Scheduler:
                 ready[r.model] = ready.get(r.model, 0) - 1
                 self._stop(r.id, now)
 
+    def connected(self, node: str) -> None:
+        """NotFound unless `node` has reported and is not lost."""
+        if node not in self.inv.nodes or self.inv.nodes[node].lost:
+            raise NotFound(f"node '{node}' is not connected", "node_not_found")
+
     def ask_logs(self, node: str, shard: str, lines: int) -> dict:
         """Queue a get_logs for the admin API; it waits on the returned entry's event."""
+        self.connected(node)
         request = secrets.token_hex(8)
         entry = {"done": threading.Event(), "reply": None}
         self.log_requests[request] = entry
@@ -317,11 +332,15 @@ class Scheduler:
                 _log.error("runtime_model_skipped", model=row.name, reason=str(e))
 
     def add_model(self, data: dict, now: float) -> Model:
-        """`llmgw models add`: check, install and keep a new model definition."""
-        mc = config.model_from(data, f"model '{data.get('name', '?')}'")
-        if mc.name in self._by_alias:
-            raise ConfigError(f"model '{mc.name}' exists already")
-        self.install_catalog([*self.model_configs, mc])
+        """`llmgw models add`: check, install and keep a new model definition. Raises
+        Conflict for a name taken, Invalid for a definition that is wrong."""
+        try:
+            mc = config.model_from(data, f"model '{data.get('name', '?')}'")
+            if mc.name in self._by_alias:
+                raise Conflict(f"model '{mc.name}' exists already", "invalid_model")
+            self.install_catalog([*self.model_configs, mc])
+        except ConfigError as e:
+            raise Invalid(str(e), "invalid_model") from None
         RuntimeModel.insert(name=mc.name, definition=json.dumps(data), created_at=now).execute()
         self.wake = True
         _log.info("model_added", model=mc.name)
@@ -330,9 +349,12 @@ class Scheduler:
     def remove_model(self, name: str) -> None:
         """`llmgw models remove`: only runtime models; its replicas are stopped."""
         if name in self.config_names:
-            raise ConfigError(f"model '{name}' is defined in the config file: remove it there")
+            raise Conflict(
+                f"model '{name}' is defined in the config file: remove it there",
+                "defined_in_config",
+            )
         if RuntimeModel.get_or_none(RuntimeModel.name == name) is None:
-            raise KeyError(name)
+            raise NotFound(f"no runtime model '{name}'", "model_not_found")
         self.install_catalog([mc for mc in self.model_configs if mc.name != name])
         RuntimeModel.delete().where(RuntimeModel.name == name).execute()
         ModelScale.delete().where(ModelScale.name == name).execute()
@@ -342,10 +364,9 @@ class Scheduler:
 
     def scale(self, name: str, min_: int, max_: int, now: float) -> None:
         """`llmgw scale`: new bounds that outlive restarts and definition edits."""
-        if name not in self.models:
-            raise KeyError(name)
+        self.model(name)
         if min_ < 0 or max_ < 1 or min_ > max_:
-            raise ConfigError(f"min {min_} / max {max_}: want 0 <= min <= max, max >= 1")
+            raise Invalid(f"min {min_} / max {max_}: want 0 <= min <= max, max >= 1")
         fields = {"min": min_, "max": max_, "updated_at": now}
         (
             ModelScale.insert(name=name, **fields)
@@ -355,6 +376,13 @@ class Scheduler:
         self.install_catalog(self.model_configs)
         self.wake = True
         _log.info("model_scaled", model=name, min=min_, max=max_)
+
+    def model(self, name: str) -> Model:
+        """The catalog's model `name`, or NotFound."""
+        m = self.models.get(name)
+        if m is None:
+            raise NotFound(f"no model '{name}'", "model_not_found")
+        return m
 
     # -- parking -------------------------------------------------------------------------
 
@@ -392,15 +420,14 @@ class Scheduler:
         )
 
     def retry(self, model: str) -> bool:
-        """Forget a model's failures and park; False if there is no such model."""
-        if model not in self.models:
-            return False
+        """Forget a model's failures and park, and place it at once."""
+        self.model(model)
         ParkedModel.delete().where(ParkedModel.model == model).execute()
         self.parked.pop(model, None)
         self.backoff.pop(model, None)
         self.routes_dirty = True
+        self.wake = True
         _log.info("model_retry", model=model)
-        return True
 
     def model_status(self, model: str) -> tuple[str, str]:
         """(state, reason): serving, starting, backoff, parked, unplaceable or stopped."""
@@ -433,12 +460,14 @@ class Scheduler:
 
     def restart(self, ids: list[str], now: float, max_surge: int = 1, max_unavailable: int = 1,
                 in_place: bool = False) -> list[restarts.Restart]:  # fmt: skip
-        """Queue restarts of replicas `ids`; KeyError names the first unknown one. A
+        """Queue restarts of replicas `ids`; NotFound names the first unknown one. A
         replica already queued or being replaced keeps its restart."""
         for rid in ids:
             r = self.inv.replicas.get(rid)
             if r is None or r.state not in LIVE:
-                raise KeyError(rid)
+                raise NotFound(
+                    f"no running replica '{rid}' (see `llmgw replicas`)", "replica_not_found"
+                )
         active = {job.replica: job for job in self.restarts if job.active}
         out = []
         for rid in ids:

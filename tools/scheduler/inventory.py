@@ -127,8 +127,21 @@ class Inventory:
                     r.orphaned = True
         return newly
 
+    def add(self, r: Replica) -> None:
+        self.replicas[r.id] = r
+
+    def remove(self, rid: str) -> Replica | None:
+        return self.replicas.pop(rid, None)
+
+    @staticmethod
+    def set_state(r: Replica, state: str, now: float) -> None:
+        r.state, r.since = state, now
+
     def on_node(self, node_id: str) -> list[Replica]:
         return [r for r in self.replicas.values() if r.node == node_id]
+
+    def of_model(self, model: str) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.model == model]
 
     def lost_nodes(self) -> set[str]:
         return {n.id for n in self.nodes.values() if n.lost}

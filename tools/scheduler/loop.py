@@ -88,6 +88,7 @@ class Loop:
                     self._publish(now)
                 else:
                     s.step_down()
+            s.write_behind()  # store writes that need not hold the lock
 
     def _receive(self) -> None:
         while True:

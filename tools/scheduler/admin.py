@@ -106,7 +106,7 @@ class View:
         s = self.s
         state, reason = s.model_status(m.name)
         lost = s.inv.lost_nodes()
-        mine = [s.inv.state_of(r, lost) for r in s.inv.replicas.values() if r.model == m.name]
+        mine = [s.inv.state_of(r, lost) for r in s.inv.of_model(m.name)]
         b = s.backoff.get(m.name)
         # Replicas on lost nodes count toward nothing: not ready, not among its replicas.
         return {
@@ -131,8 +131,8 @@ class View:
              "endpoint": r.endpoint, "since": r.since, "rss": r.rss, "reason": r.reason,
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
              "idle_s": _round(self.s.idle_s(r, now))}
-            for r in sorted(self.s.inv.replicas.values(), key=lambda r: (r.model, r.since))
-            if model is None or r.model == model
+            for r in sorted(self.s.inv.replicas.values() if model is None
+                            else self.s.inv.of_model(model), key=lambda r: (r.model, r.since))
         ]  # fmt: skip
 
     def stale(self, r) -> bool:

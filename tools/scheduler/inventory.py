@@ -161,6 +161,11 @@ class Inventory:
     def of_model(self, model: str) -> list[Replica]:
         return list(self._by_model.get(model, {}).values())
 
+    def serving(self, model: str, lost: set[str]) -> bool:
+        """Whether `model` has a ready replica on a node not in `lost`."""
+        return any(r.state == ShardState.READY and r.node not in lost
+                   for r in self._by_model.get(model, {}).values())  # fmt: skip
+
     def lost_nodes(self) -> set[str]:
         return set(self._lost)
 

@@ -92,8 +92,7 @@ class Views:
             return ModelState.PARKED, parked.reason
         if lost is None:
             lost = self.inv.lost_nodes()
-        if any(r.state == ShardState.READY and r.node not in lost
-               for r in self.inv.of_model(model)):  # fmt: skip
+        if self.inv.serving(model, lost):
             return ModelState.SERVING, ""
         if model in self.making_room:
             return (
@@ -124,10 +123,12 @@ class Views:
             if r.node in lost and r.model in served_live:
                 continue
             m = models.get(r.model)
+            if not r.key:  # adopted: derived once, not on every publish
+                r.key = apikeys.engine_key(self.cluster_secret, r.id)
             out.append({
                 "id": r.id, "model": r.model, "aliases": list(m.aliases) if m else [],
                 "endpoint": r.endpoint,
-                "key": r.key or apikeys.engine_key(self.cluster_secret, r.id),
+                "key": r.key,
                 "state": ShardState.READY,
             })  # fmt: skip
         entries = []

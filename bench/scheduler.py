@@ -3,7 +3,11 @@
     .venv/bin/python bench/scheduler.py            # ~30-60 s; writes bench/SCHEDULER.md
 
 For N = 100, 1,000 and 10,000 (models = nodes = N): one `place_many` of N needs over N
-nodes, and one full `reconcile` pass with some replicas running. For 500, 5,000 and
+nodes, and one full `reconcile` pass with some replicas running. Then the real
+`Scheduler` in process (SQLite, a fixed clock) with N models over N nodes and one or two
+ready replicas of each: `publish`, the routing table it builds and encodes on every
+change (under its lock), and `pass`, one whole `tick` (node views, reconcile, drains,
+eviction). For 500, 5,000 and
 50,000 replicas: what a router does with one `routes` message, from the bytes
 (`bus.decode`, `endpoints_from`, `RoutingTable.replace` into a table that holds the
 previous snapshot, as every 3 s in steady state). Each figure is the median of a few
@@ -11,24 +15,28 @@ runs; the growth column is the ratio to the size before, so 10 means linear and 
 quadratic. Nodes vary in free memory and engine state so that placement has to look.
 """
 
+import json
 import os
 import platform
 import random
 import statistics
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from llmgw import bus
+from llmgw import bus, catalog, config
 from llmgw.placement import GiB, Need, NodeView, place_many
 from llmgw.reconciler import Backoff, Desired, ReplicaView, reconcile
 from llmgw_router.feed import endpoints_from
 from llmgw_router.routing import RoutingTable
+from llmgw_scheduler.needs import Needs
+from llmgw_scheduler.service import Scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 
 ENGINES = ["llama.cpp-0.3.36", "llama.cpp-0.3.35", "vllm-0.6.3", "llama.cpp-0.4.0"]
-TARGETS = {("place_many", 1000): 100.0, ("routes", 5000): 50.0}
+TARGETS = {("place_many", 1000): 100.0, ("place_many", 10_000): 200.0, ("routes", 5000): 50.0}
 
 
 def fleet(n: int, rng: random.Random) -> list[NodeView]:
@@ -126,6 +134,49 @@ def bench_routes(n: int) -> float:
     return median_ms(apply, 7 if n < 50_000 else 3)
 
 
+def scheduler_world(n: int, tmp: str) -> Scheduler:
+    """A scheduler that has heard every node's hello: N models, each with min 1, max 2
+    and one or two ready replicas, so a pass has nothing to start."""
+    from llmgw.store import migrate, open_store
+
+    rng = random.Random(n)
+    migrate(open_store(f"sqlite://{tmp}/bench.db"))
+    cfg = config.Config()
+    cfg.scheduler.settle_s = 0.0
+    configs = [
+        config.model_from({"name": f"model-{i:05}", "source": f"/m/{i}.gguf",
+                           "profile": {"memory_bytes": GiB}, "scaling": {"min": 1, "max": 2}})
+        for i in range(n)
+    ]  # fmt: skip
+    sched = Scheduler(cfg, catalog.load(configs), "secret", Needs(Path(tmp) / "weights"),
+                      clock=lambda: 1e4, rng=random.Random(1))  # fmt: skip
+    sched.install_catalog(configs)
+    shards: dict[str, list] = {f"node-{i:05}": [] for i in range(n)}
+    for i in range(n):
+        for j in range(rng.choice([1, 1, 2])):
+            node = f"node-{rng.randrange(n):05}"
+            shards[node].append({"id": f"r-{i}-{j}", "model": f"model-{i:05}", "state": "ready",
+                                 "endpoint": f"http://{node}:8100", "rss": GiB})  # fmt: skip
+    for node, mine in shards.items():
+        body = {"resources": {"cpus": 8, "memory_total": 64 * GiB,
+                              "memory_available": 32 * GiB, "gpus": []},
+                "engines": {"llama.cpp-0.3.36": {"state": "installed", "reason": ""}},
+                "shards": mine}  # fmt: skip
+        sched.handle(node, json.loads(bus.encode("hello", node, body, 0)))
+    sched.tick()
+    sched.outbox.clear()
+    return sched
+
+
+def bench_scheduler(n: int) -> tuple[float, float]:
+    """(publish, pass) in ms for the real scheduler at N models over N nodes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sched = scheduler_world(n, tmp)
+        reps = 5 if n < 10_000 else 3
+        publish = median_ms(lambda: bus.encode("routes", "scheduler", sched.routes(), 1), reps)
+        return publish, median_ms(sched.tick, reps)
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -140,9 +191,12 @@ def machine() -> str:
 
 def main() -> None:
     rows = []
+    measured = {n: bench_scheduler(n) for n in (100, 1_000, 10_000)}
     for label, sizes, fn in [
         ("place_many", [100, 1_000, 10_000], bench_place),
         ("reconcile", [100, 1_000, 10_000], bench_reconcile),
+        ("publish", [100, 1_000, 10_000], lambda n: measured[n][0]),
+        ("pass", [100, 1_000, 10_000], lambda n: measured[n][1]),
         ("routes", [500, 5_000, 50_000], bench_routes),
     ]:
         prev = None
@@ -164,7 +218,9 @@ def main() -> None:
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine()}. "
         "Made by `.venv/bin/python bench/scheduler.py`.\n\n"
         "place_many: N needs over N nodes. reconcile: one pass, N models over N nodes, "
-        "some replicas running. routes: one `routes` message of N replicas applied by a "
+        "some replicas running. publish and pass: the real scheduler in process, N models "
+        "over N nodes, building and encoding its routing table, and one whole pass. "
+        "routes: one `routes` message of N replicas applied by a "
         "router (JSON decode, endpoints, table replace). Growth: ratio to the size before "
         "(the sizes grow 10×, so 10× is linear).\n\n" + "\n".join(lines) + "\n"
     )

@@ -47,6 +47,24 @@ def model(name: str, memory: int = GiB, min_: int = 1, max_: int | None = None,
     )
 
 
+class FakeLease:
+    """The Leadership a scheduler sees: whether it leads is the fleet's `is_leading`."""
+
+    db = None  # the admin API shows no lease
+
+    def __init__(self, fleet: "Fleet"):
+        self.fleet = fleet
+        self.epoch = 0
+        self.lost: list[str] = []  # why, each time the scheduler was told it is replaced
+
+    def leading(self) -> bool:
+        return self.fleet.is_leading
+
+    def lose(self, why: str) -> None:
+        self.lost.append(why)
+        self.fleet.is_leading = False
+
+
 class Fleet:
     """One scheduler and the agents it hears from."""
 
@@ -62,12 +80,12 @@ class Fleet:
         self.cfg = cfg
         self.clock = Clock()
         checked = catalog.load(models)
-        self.sched = Scheduler(cfg, checked, "secret", Needs(tmp / "weights"),
-                               clock=self.clock, rng=random.Random(1))  # fmt: skip
-        self.sched.install_catalog(list(models))
-        self.sched.config_names = {m.name for m in models}
         self.is_leading = leading
-        self.sched.leading = lambda: self.is_leading
+        self.lease = FakeLease(self)
+        self.sched = Scheduler(cfg, checked, "secret", Needs(tmp / "weights"),
+                               clock=self.clock, rng=random.Random(1), leadership=self.lease,
+                               config_names={m.name for m in models})  # fmt: skip
+        self.sched.load(list(models))
         self.shards: dict[str, dict[str, dict]] = {}  # node -> replica id -> shard
 
     # -- what agents say ---------------------------------------------------------------
@@ -107,6 +125,7 @@ class Fleet:
         msg = json.loads(bus.encode(kind, node, body, 0))
         with self.sched.lock:
             self.sched.handle(node, msg)
+        self.sched.write_behind()
 
     # -- what the scheduler does -------------------------------------------------------
 
@@ -117,6 +136,7 @@ class Fleet:
                 self.sched.tick()
             else:
                 self.sched.standby_tick()
+        self.sched.write_behind()
 
     def sent(self, kind: str | None = None) -> list[tuple[str, dict]]:
         """(node, body) of each message queued since the last call, of `kind` if given."""

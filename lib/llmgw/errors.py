@@ -22,5 +22,30 @@ class TenancyError(Error):
         self.kind = kind
 
 
-class OperatorError(Error):
-    """An operator that cannot be made or removed as asked."""
+class Refused(Error):
+    """A change or lookup an operator asked for that cannot be made; `code` names it."""
+
+    code = "refused"
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class NotFound(Refused):
+    """No such model, replica, node or operator."""
+
+    code = "not_found"
+
+
+class Conflict(Refused):
+    """Taken already, or in a state that does not allow the change."""
+
+    code = "conflict"
+
+
+class Invalid(Refused):
+    """A value that is not allowed."""
+
+    code = "invalid_value"

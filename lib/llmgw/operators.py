@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import peewee
 
 from llmgw.apikeys import hash_secret
-from llmgw.errors import OperatorError
+from llmgw.errors import Conflict, Invalid, NotFound
 from llmgw.store import Operator
 
 READ, ADMIN = "read", "admin"
@@ -53,13 +53,16 @@ def identify(token: str, bootstrap_token: str) -> Who | None:
 def create(name: str, role: str, now: float | None = None) -> tuple[dict, str]:
     """Make an operator; return its JSON and its token (shown once)."""
     if not _NAME.match(name or ""):
-        raise OperatorError(
-            f"operator name {name!r}: use letters, digits and . _ @ + - (at most 100)"
+        raise Invalid(
+            f"operator name {name!r}: use letters, digits and . _ @ + - (at most 100)",
+            "invalid_operator",
         )
     if name == BOOTSTRAP:
-        raise OperatorError(f"'{BOOTSTRAP}' is the bootstrap token's name: choose another")
+        raise Invalid(
+            f"'{BOOTSTRAP}' is the bootstrap token's name: choose another", "invalid_operator"
+        )
     if role not in ROLES:
-        raise OperatorError(f"role {role!r}: choose one of {', '.join(ROLES)}")
+        raise Invalid(f"role {role!r}: choose one of {', '.join(ROLES)}", "invalid_operator")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     try:
         row = Operator.create(
@@ -69,14 +72,14 @@ def create(name: str, role: str, now: float | None = None) -> tuple[dict, str]:
             created_at=time.time() if now is None else now,
         )
     except peewee.IntegrityError:
-        raise OperatorError(f"operator '{name}' exists already") from None
+        raise Conflict(f"operator '{name}' exists already", "invalid_operator") from None
     return operator_json(row), token
 
 
 def remove(name: str) -> None:
     """Forget an operator: its token stops working at once."""
     if Operator.delete().where(Operator.name == name).execute() == 0:
-        raise OperatorError(f"no operator '{name}' (see `llmgw operators list`)")
+        raise NotFound(f"no operator '{name}' (see `llmgw operators list`)", "operator_not_found")
 
 
 def listing() -> list[dict]:

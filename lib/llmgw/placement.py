@@ -16,6 +16,7 @@ nothing fits or when asked.
 """
 
 from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 GiB = 1 << 30
@@ -46,11 +47,38 @@ class NodeView:
     replicas: dict[str, int] = field(default_factory=dict)  # model -> replicas on this node
 
 
+class Reasons(Mapping):
+    """Node id -> why not, worked out when first read: a pass places thousands of needs,
+    and formatting every node's reason for each that fits nowhere cost more than the
+    placing (10,000 nodes). The figures it reads are the ones at the time of the choice."""
+
+    def __init__(self, explain: Callable[[], dict[str, str]]):
+        self._explain = explain
+        self._reasons: dict[str, str] | None = None
+
+    def _get(self) -> dict[str, str]:
+        if self._reasons is None:
+            self._reasons, self._explain = self._explain(), None
+        return self._reasons
+
+    def __getitem__(self, node: str) -> str:
+        return self._get()[node]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
 @dataclass(frozen=True)
 class Placement:
     node: str | None
     install: bool = False  # the engine must be installed there first
-    reasons: dict[str, str] = field(default_factory=dict)  # node id -> why not
+    reasons: Mapping[str, str] = field(default_factory=dict)  # node id -> why not
 
 
 def gpus_needed(need: Need) -> int:
@@ -138,7 +166,12 @@ class _Index:
             row.sort()
 
     def update(self, node: str, key: int) -> None:
-        tier, old = self.where[node]
+        w = self.where.get(node)
+        if w is None:
+            return
+        tier, old = w
+        if key == old:
+            return
         row = self.rows[tier]
         del row[bisect_left(row, (-old, node))]
         if key < 0:
@@ -190,7 +223,11 @@ class Fleet:
                         replicas.setdefault(model, {})[n.id] = c
         self.replicas = replicas
         self._indexes: dict[tuple[str, int], _Index] = {}
-        self._reasons: dict[tuple[str, int, int], dict[str, str]] = {}
+        self._kinds: dict[bool, list[_Index]] = {}  # CPU (True) or GPU needs -> their indexes
+        self._reasons: dict[tuple[str, int, int], Reasons] = {}
+        # (node, its free memory, its free GPUs) before each booking, so reasons worked out
+        # later can see the figures as they were when asked for, without a copy per ask.
+        self._log: list[tuple[str, int, list | None]] = []
         self._fixed: dict[str, dict[str, str]] = {}  # engine -> reasons no booking changes
 
     def key(self, node: str, k: int) -> int:
@@ -204,20 +241,36 @@ class Fleet:
         ix = self._indexes.get((need.engine, k))
         if ix is None:
             ix = self._indexes[(need.engine, k)] = _Index(self, need.engine, k)
+            self._kinds.setdefault(k == 0, []).append(ix)
         found = ix.best(need.memory, self.replicas.get(need.model, {}))
         if found is None:
             return Placement(None, reasons=self.reasons(need))
         node, tier = found
         return Placement(node, install=tier > 0, reasons=self.reasons(need) if explain else {})
 
-    def reasons(self, need: Need) -> dict[str, str]:
-        """Why not, for every node that cannot take `need` now."""
+    def reasons(self, need: Need) -> Reasons:
+        """Why not, for every node that cannot take `need` now (worked out when read)."""
         key = (need.engine, need.memory, need.gpus)
-        if key not in self._reasons:
-            self._reasons[key] = self._explain(need)
-        return dict(self._reasons[key])
+        reasons = self._reasons.get(key)
+        if reasons is None:
+            at = len(self._log)
+            reasons = self._reasons[key] = Reasons(lambda: self._explain(need, *self._at(at)))
+        return reasons
 
-    def _explain(self, need: Need) -> dict[str, str]:
+    def _at(self, at: int) -> tuple[dict, dict]:
+        """Free memory and GPUs per node as they were after the first `at` bookings."""
+        memory, gpus = self.memory, self.gpus
+        if at < len(self._log):
+            memory, gpus = dict(memory), dict(gpus)
+            for node, mem, gs in reversed(self._log[at:]):  # the earliest change wins
+                memory[node] = mem
+                if gs is None:
+                    gpus.pop(node, None)
+                else:
+                    gpus[node] = gs
+        return memory, gpus
+
+    def _explain(self, need: Need, memory: dict, gpus: dict) -> dict[str, str]:
         # Called for every need that fits nowhere, so it avoids a full why_not per node:
         # the reasons that no booking can change are kept per engine, the others are
         # formatted straight from the booked figures.
@@ -231,7 +284,7 @@ class Fleet:
         k = gpus_needed(need)
         if k == 0:
             want, sizes = size(need.memory), {}
-            for node, free in self.memory.items():
+            for node, free in memory.items():
                 if free < need.memory and node not in out:
                     text = sizes.get(free)
                     if text is None:
@@ -239,36 +292,29 @@ class Fleet:
                         if text == want:
                             text = sizes[free] = None
                     if text is None:
-                        out[node] = why_not(need, self._current(self.nodes[node]))
+                        out[node] = why_not(need, _booked(self.nodes[node], memory, gpus))
                     else:
                         out[node] = f"needs {want}, {text} free"
             return out
         no_gpus = f"needs {k} GPU{'s' * (k != 1)}, has 0"
-        for node in self.memory:
+        for node in memory:
             if node in out:
                 continue
-            if not self.gpus.get(node):
+            if not gpus.get(node):
                 out[node] = no_gpus
             else:
-                why = why_not(need, self._current(self.nodes[node]))
+                why = why_not(need, _booked(self.nodes[node], memory, gpus))
                 if why is not None:
                     out[node] = why
         return out
 
-    def _current(self, node: NodeView) -> NodeView:
-        if node.id not in self.memory:
-            return node
-        gpus = tuple(self.gpus.get(node.id, ()))
-        if self.memory[node.id] == node.memory_free and gpus == node.gpus_free:
-            return node
-        return NodeView(node.id, node.lost, node.draining, self.memory[node.id], gpus,
-                        node.engines, node.replicas)  # fmt: skip
-
     def take(self, need: Need, node: str) -> None:
         """Book one replica of `need` on `node`: its memory or GPUs, and one for spread."""
         k = gpus_needed(need)
+        free = self.memory[node]
+        self._log.append((node, free, self.gpus.get(node)))
         if k == 0:
-            self.memory[node] -= need.memory
+            self.memory[node] = free = free - need.memory
         else:
             gpus = sorted(self.gpus.get(node, []))
             # The smallest GPUs that fit, keeping the big ones for bigger models.
@@ -276,10 +322,21 @@ class Fleet:
             self.gpus[node] = [g for i, g in enumerate(gpus) if i not in fit]
         counts = self.replicas.setdefault(need.model, {})
         counts[node] = counts.get(node, 0) + 1
-        for (_, ik), ix in self._indexes.items():
-            if node in ix.where and (ik == 0) == (k == 0):
-                ix.update(node, self.key(node, ik))
-        self._reasons.clear()
+        for ix in self._kinds.get(k == 0, ()):
+            ix.update(node, free if k == 0 else self.key(node, ix.k))
+        if self._reasons:
+            self._reasons.clear()
+
+
+def _booked(node: NodeView, memory: dict, gpus: dict) -> NodeView:
+    """`node` with the free memory and GPUs the booking left it."""
+    if node.id not in memory:
+        return node
+    free = tuple(gpus.get(node.id, ()))
+    if memory[node.id] == node.memory_free and free == node.gpus_free:
+        return node
+    return NodeView(node.id, node.lost, node.draining, memory[node.id], free,
+                    node.engines, node.replicas)  # fmt: skip
 
 
 def place(need: Need, nodes: list[NodeView], explain: bool = False) -> Placement:

@@ -23,10 +23,10 @@ import random
 from dataclasses import dataclass, field
 
 from llmgw.placement import INSTALLING, Fleet, Need, NodeView
+from llmgw.states import ACTIVE, ShardState
 
-PENDING, STARTING, READY = "pending", "starting", "ready"
-DRAINING, FAILED, STOPPED = "draining", "failed", "stopped"
-ACTIVE = (PENDING, STARTING, READY)
+PENDING, STARTING, READY = ShardState.PENDING, ShardState.STARTING, ShardState.READY
+DRAINING, FAILED, STOPPED = ShardState.DRAINING, ShardState.FAILED, ShardState.STOPPED
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 from llmgw.placement import Fleet, Need, NodeView, gpus_needed, place
 from llmgw.reconciler import READY, ReplicaView
+from llmgw.states import GONE
 
 QUEUED, REPLACING, DONE, GIVEN_UP = "queued", "replacing", "done", "given up"
 SURGE, IN_PLACE = "surge", "in place"
-GONE = ("stopping", "failed", "stopped")
 KEEP_ENDED = 50  # ended restarts kept to show, newest last
 
 

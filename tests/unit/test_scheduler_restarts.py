@@ -58,3 +58,33 @@ def test_a_restart_queued_past_its_deadline_is_given_up_in_the_log_and_the_audit
     (entry,) = AuditEntry.select().where(AuditEntry.action == "restart.given_up")
     assert (entry.actor, entry.target) == ("scheduler", second)
     assert "restart_deadline_s" in json.loads(entry.detail)["reason"]
+
+
+def test_a_restart_asked_twice_is_one_job(fleet):
+    old, _ = two_ready(fleet)
+    with fleet.sched.lock:
+        (first,) = fleet.sched.restart([old], fleet.clock())
+        (second,) = fleet.sched.restart([old], fleet.clock())
+    assert first is second and len(fleet.sched.restarts) == 1
+
+
+def test_a_surge_restart_starts_the_successor_before_it_stops_the_old_one(fleet):
+    old, _ = two_ready(fleet)
+    fleet.heartbeat("c", kind="hello")
+    with fleet.sched.lock:
+        (job,) = fleet.sched.restart([old], fleet.clock())
+    fleet.tick()
+    ((node, body),) = fleet.sent("start_shard")
+    assert fleet.sent("stop_shard") == []
+    fleet.shard(node, body["id"], "ready")
+    fleet.tick()
+    assert [b["id"] for _, b in fleet.sent("stop_shard")] == [old]
+    assert job.state == "done" and job.replacement == body["id"]
+
+
+def test_a_takeover_drops_the_restarts_the_old_leadership_queued(fleet, caplog):
+    old, _ = two_ready(fleet)
+    with fleet.sched.lock:
+        fleet.sched.restart([old], fleet.clock())
+        fleet.sched.take_over(2, fleet.clock())
+    assert fleet.sched.restarts == [] and "restarts_dropped" in caplog.text

@@ -22,6 +22,7 @@ import zmq
 
 from llmgw import bus, log
 from llmgw.config import Config
+from llmgw.states import MsgType
 from llmgw_agentd import metrics
 from llmgw_agentd.engines import FAILED, Installer
 from llmgw_agentd.resources import Resources
@@ -108,11 +109,11 @@ class Agent:
     # -- events from worker threads --------------------------------------------------------
 
     def _on_shard(self, shard: dict) -> None:
-        self.events.put(("shard_status", {"node": self.name, "shard": shard}))
+        self.events.put((MsgType.SHARD_STATUS, {"node": self.name, "shard": shard}))
 
     def _on_install(self, engine_id: str, state: str, reason: str) -> None:
         body = {"node": self.name, "engine": engine_id, "state": state, "reason": reason}
-        self.events.put(("install_status", body))
+        self.events.put((MsgType.INSTALL_STATUS, body))
 
     # -- sending ---------------------------------------------------------------------------
 

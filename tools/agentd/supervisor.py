@@ -27,6 +27,7 @@ import requests
 
 from llmgw import bus, log
 from llmgw.config import AgentConfig
+from llmgw.states import ShardState
 from llmgw_agentd import process
 from llmgw_agentd.engines import Installer, Launch, tail_lines
 from llmgw_agentd.errors import AgentError
@@ -34,7 +35,8 @@ from llmgw_agentd.weights import Weights
 
 _log = log.get("llmgw.agentd.supervisor")
 
-STARTING, READY, DRAINING, STOPPED, FAILED = "starting", "ready", "draining", "stopped", "failed"
+STARTING, READY, DRAINING = ShardState.STARTING, ShardState.READY, ShardState.DRAINING
+STOPPED, FAILED = ShardState.STOPPED, ShardState.FAILED
 STATES = (STARTING, READY, DRAINING, STOPPED, FAILED)
 LOST = bus.GONE_AFTER_AGENT_RESTART
 

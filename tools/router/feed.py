@@ -12,6 +12,7 @@ import time
 import zmq
 
 from llmgw import bus, log
+from llmgw.states import ModelState, MsgType, ShardState
 from llmgw.worker import Worker
 from llmgw_router.routing import Endpoint, RoutingTable
 
@@ -29,7 +30,7 @@ def endpoints_from(body: dict, static: list[Endpoint] = ()) -> list[Endpoint]:
     """Endpoints for every ready replica in a `routes` body, plus the static ones."""
     eps = list(static)
     for r in body.get("replicas", ()):
-        if r.get("state") != "ready":
+        if r.get("state") != ShardState.READY:
             continue
         models = (r["model"], *r.get("aliases", ()))
         eps.append(Endpoint(r["id"], r["endpoint"], models, r.get("key", "")))
@@ -113,7 +114,7 @@ class Feed:
         except bus.BusError as e:
             _log.warning("bad_routes_message", reason=str(e))
             return False
-        if msg["type"] != "routes":
+        if msg["type"] != MsgType.ROUTES:
             return False
         body = msg["body"]
         seq = body.get("seq", 0)
@@ -134,7 +135,7 @@ class Feed:
         self.epoch, self.seq = epoch, seq
         known = {}
         for m in body.get("models", ()):
-            status = (m.get("state", "starting"), m.get("reason", ""))
+            status = (m.get("state", ModelState.STARTING), m.get("reason", ""))
             n = (m.get("answered") or {}).get(self.name)
             for name in (m["name"], *m.get("aliases", ())):
                 known[name] = status
@@ -184,7 +185,7 @@ class Feed:
         while not self._wants.empty():
             wanted.add(self._wants.get_nowait())
         for model in wanted:
-            self._send(dealers, "want", {"model": model, "n": self._last_want.get(model, 0)})
+            self._send(dealers, MsgType.WANT, {"model": model, "n": self._last_want.get(model, 0)})
 
     def _send_activity(self, dealers) -> None:
         """Seconds since each model's and each replica's last request (0 while one is
@@ -198,11 +199,11 @@ class Feed:
                 for ep in self.table.endpoints()
                 if ep.last_used or ep.outstanding
             }
-            self._send(dealers, "activity", {"idle_s": idle, "replica_idle_s": replicas})
+            self._send(dealers, MsgType.ACTIVITY, {"idle_s": idle, "replica_idle_s": replicas})
         # Ask again for what requests still wait on: a want can be lost (a scheduler
         # restarting, a failover) and the request would wait out its window for nothing.
         for model in self.table.waited_for():
-            self._send(dealers, "want", {"model": model, "n": self._last_want.get(model, 0)})
+            self._send(dealers, MsgType.WANT, {"model": model, "n": self._last_want.get(model, 0)})
 
     # -- the worker ------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from llmgw import log
+from llmgw.states import ModelState
 from llmgw_router import metrics
 from llmgw_router.admission import Admission
 from llmgw_router.call import CLIENT_CLOSED, Call
@@ -345,12 +346,12 @@ class Proxy:
         than after the whole window. A parked model is answered at once (so is any, with
         `hurry`, when a fallback may answer sooner than a model that is still starting)."""
         n = self.feed.want(model) if self.feed is not None else 0
-        state, _ = self.table.status(model) or ("starting", "")
+        state, _ = self.table.status(model) or (ModelState.STARTING, "")
         if state == "parked" or self.activation_s <= 0 or hurry or (state, n) == ("unplaceable", 0):
             return False
 
         def refused() -> bool:  # our own want answered, and the answer is no
-            answer = self.table.status(model) or ("starting", "")
+            answer = self.table.status(model) or (ModelState.STARTING, "")
             return n and self.feed.answered(model) >= n and answer[0] in ("parked", "unplaceable")
 
         return await self.table.wait_served(model, self.activation_s, refused)
@@ -358,7 +359,7 @@ class Proxy:
     def not_ready(self, model: str, rid: str) -> web.Response:
         """A catalog model with no ready replica: wait for one that is coming, or hear at
         once why one will not come."""
-        state, reason = self.table.status(model) or ("starting", "")
+        state, reason = self.table.status(model) or (ModelState.STARTING, "")
         if state in ("parked", "unplaceable"):
             why = reason.strip().splitlines()[-1] if reason.strip() else "no reason given"
             return api_error(

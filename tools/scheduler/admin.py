@@ -15,16 +15,22 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from llmgw import audit, bus, dirs, lease, log, operators
 from llmgw.dirs import DirError
-from llmgw.errors import ConfigError, OperatorError
+from llmgw.errors import Conflict, Invalid, NotFound, Refused
 from llmgw.placement import place
+from llmgw.states import LIVE, LOST, ShardState
 from llmgw.store import BusPeer
 from llmgw_scheduler import page, registry
-from llmgw_scheduler.inventory import LIVE, LOST
 
 _log = log.get("llmgw.scheduler.admin")
 
 # How long `llmgw logs` waits for the agent to answer.
 LOGS_WAIT_S = 5.0
+# The one place a refusal becomes an HTTP status; its code and message are the error's.
+STATUS = {NotFound: 404, Conflict: 409, Invalid: 400}
+
+
+def _status(e: Refused) -> int:
+    return next((s for cls, s in STATUS.items() if isinstance(e, cls)), 400)
 
 
 def admin_token(cfg) -> str:
@@ -100,13 +106,13 @@ class View:
         s = self.s
         state, reason = s.model_status(m.name)
         lost = s.inv.lost_nodes()
-        mine = [s.inv.state_of(r, lost) for r in s.inv.replicas.values() if r.model == m.name]
+        mine = [s.inv.state_of(r, lost) for r in s.inv.of_model(m.name)]
         b = s.backoff.get(m.name)
         # Replicas on lost nodes count toward nothing: not ready, not among its replicas.
         return {
             "name": m.name, "aliases": list(m.aliases), "engine": m.engine_id,
             "min": m.min, "max": m.max, "desired": s.desired_now(m, s.clock()),
-            "ready": mine.count("ready"), "replicas": len(mine) - mine.count(LOST),
+            "ready": mine.count(ShardState.READY), "replicas": len(mine) - mine.count(LOST),
             "lost": mine.count(LOST),
             "state": state, "reason": reason,
             "failures": b.failures if b else 0,
@@ -126,8 +132,8 @@ class View:
              "reason": r.reason,
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
              "idle_s": _round(self.s.idle_s(r, now))}
-            for r in sorted(self.s.inv.replicas.values(), key=lambda r: (r.model, r.since))
-            if model is None or r.model == model
+            for r in sorted(self.s.inv.replicas.values() if model is None
+                            else self.s.inv.of_model(model), key=lambda r: (r.model, r.since))
         ]  # fmt: skip
 
     def stale(self, r) -> bool:
@@ -207,7 +213,23 @@ class Handler(BaseHTTPRequestHandler):
         self.who = who
         return True
 
+    def _answer(self, route) -> None:
+        """Run a route; a refusal it raises is answered with its status, code and message."""
+        try:
+            route()
+        except Refused as e:
+            self._error(_status(e), e.code, str(e))
+
     def do_GET(self):
+        self._answer(self._get)
+
+    def do_POST(self):
+        self._answer(self._post)
+
+    def do_DELETE(self):
+        self._answer(self._delete)
+
+    def _get(self):
         url = urlsplit(self.path)
         if url.path in ("/", "/status"):
             return page.serve(self, url)  # for browsers: its own ways to authenticate
@@ -249,10 +271,7 @@ class Handler(BaseHTTPRequestHandler):
             ):
                 return self._logs(parts[2], parts[4], url.query)
             elif len(parts) == 4 and parts[:2] == ["v1", "models"] and parts[3] == "placement":
-                m = s.models.get(parts[2])
-                if m is None:
-                    return self._error(404, "model_not_found", f"no model '{parts[2]}'")
-                body = view.placement(m)
+                body = view.placement(s.model(parts[2]))
             else:
                 return self._error(404, "not_found", f"no such endpoint: GET {url.path}")
         if parts == ["v1", "status"]:
@@ -279,8 +298,7 @@ class Handler(BaseHTTPRequestHandler):
         """Ask the node's agent for a shard's output and wait a few seconds for it.
         Called with the scheduler's lock held; the wait happens without it."""
         s = self.sched
-        if node not in s.inv.nodes or s.inv.nodes[node].lost:
-            return self._error(404, "node_not_found", f"node '{node}' is not connected")
+        s.connected(node)
         try:
             lines = int(parse_qs(query).get("lines", ["100"])[0])
         except ValueError:
@@ -362,20 +380,12 @@ class Handler(BaseHTTPRequestHandler):
                 if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
                     return self._error(400, "invalid_value", "replicas must be a list of ids")
             elif chosen == ["model"]:
-                if body["model"] not in s.models:
-                    return self._error(404, "model_not_found", f"no model '{body['model']}'")
+                s.model(body["model"])
                 ids = [r.id for r in sorted(live, key=lambda r: r.since)
                        if r.model == body["model"]]  # fmt: skip
             else:
                 ids = [r.id for r in sorted(live, key=lambda r: (r.model, r.since))]
-            try:
-                jobs = s.restart(ids, s.clock(), in_place=in_place, **opts)
-            except KeyError as e:
-                return self._error(
-                    404,
-                    "replica_not_found",
-                    f"no running replica '{e.args[0]}' (see `llmgw replicas`)",
-                )
+            jobs = s.restart(ids, s.clock(), in_place=in_place, **opts)
             out = [View.restart(j) for j in jobs]
         self._change("restart", ",".join(ids), in_place=in_place or None, **opts)
         self._send(202, {"queued": out})
@@ -387,19 +397,12 @@ class Handler(BaseHTTPRequestHandler):
         name, role = body.get("name"), body.get("role", operators.READ)
         if not isinstance(name, str) or not isinstance(role, str):
             return self._error(400, "invalid_value", "an operator needs a name and a role")
-        try:
-            op, token = operators.create(name, role)
-        except OperatorError as e:
-            status = 409 if "exists already" in str(e) else 400
-            return self._error(status, "invalid_operator", str(e))
+        op, token = operators.create(name, role)
         self._change("operators.add", name, role=role)
         self._send(201, {**op, "token": token})
 
     def _operators_remove(self, name: str) -> None:
-        try:
-            operators.remove(name)
-        except OperatorError as e:
-            return self._error(404, "operator_not_found", str(e))
+        operators.remove(name)
         self._change("operators.remove", name)
         self._send(200, {"name": name, "removed": True})
 
@@ -458,7 +461,7 @@ class Handler(BaseHTTPRequestHandler):
         self._error(409, "not_leader", f"scheduler {s.name} is a standby: {where}")
         return True
 
-    def do_DELETE(self):
+    def _delete(self):
         if not self._authorised(change=True) or self._standby():
             return
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
@@ -469,17 +472,12 @@ class Handler(BaseHTTPRequestHandler):
         s = self.sched
         if len(parts) == 3 and parts[:2] == ["v1", "models"]:
             with s.lock:
-                try:
-                    s.remove_model(parts[2])
-                except KeyError:
-                    return self._error(404, "model_not_found", f"no runtime model '{parts[2]}'")
-                except ConfigError as e:
-                    return self._error(409, "defined_in_config", str(e))
+                s.remove_model(parts[2])
             self._change("models.remove", parts[2])
             return self._send(202, {"model": parts[2], "queued": "remove"})
         self._error(404, "not_found", f"no such endpoint: DELETE {self.path}")
 
-    def do_POST(self):
+    def _post(self):
         if not self._authorised(change=True):
             return
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
@@ -499,11 +497,7 @@ class Handler(BaseHTTPRequestHandler):
             if body is None:
                 return
             with s.lock:
-                try:
-                    m = s.add_model(body, s.clock())
-                except ConfigError as e:
-                    status = 409 if "exists already" in str(e) else 400
-                    return self._error(status, "invalid_model", str(e))
+                m = s.add_model(body, s.clock())
                 model = View(s).model(m)
             self._change("models.add", m.name)
             return self._send(201, model)
@@ -515,12 +509,7 @@ class Handler(BaseHTTPRequestHandler):
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)):
                 return self._error(400, "invalid_value", "scale needs integer min and max")
             with s.lock:
-                try:
-                    s.scale(parts[2], lo, hi, s.clock())
-                except KeyError:
-                    return self._error(404, "model_not_found", f"no model '{parts[2]}'")
-                except ConfigError as e:
-                    return self._error(400, "invalid_value", str(e))
+                s.scale(parts[2], lo, hi, s.clock())
             self._change("models.scale", parts[2], min=lo, max=hi)
             return self._send(202, {"model": parts[2], "min": lo, "max": hi, "queued": "scale"})
         if parts == ["v1", "restarts"]:
@@ -530,22 +519,16 @@ class Handler(BaseHTTPRequestHandler):
             return
         if len(parts) == 4 and parts[:2] == ["v1", "models"] and parts[3] == "retry":
             with s.lock:
-                if not s.retry(parts[2]):
-                    return self._error(404, "model_not_found", f"no model '{parts[2]}'")
-                s.wake = True
+                s.retry(parts[2])
             self._change("models.retry", parts[2])
             return self._send(202, {"model": parts[2], "queued": "retry"})
         if len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] in ("drain", "undrain"):
             node, action = parts[2], parts[3]
             with s.lock:
-                if node not in s.inv.nodes and node not in s.registered_nodes:
-                    return self._error(404, "node_not_found", f"no node '{node}'")
                 if action == "drain":
                     s.drain(node, s.clock())
                 else:
                     s.undrain(node)
-                s.wake = True
-                s.routes_dirty = True
             self._change(f"nodes.{action}", node)
             return self._send(202, {"node": node, "queued": action})
         self._error(404, "not_found", f"no such endpoint: POST {self.path}")

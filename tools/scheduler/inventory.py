@@ -7,10 +7,7 @@ replica the scheduler asked for but no agent reports is known to be missing.
 
 from dataclasses import dataclass, field
 
-# Shard states an agent reports, plus "pending": asked for, not reported yet.
-LIVE = ("pending", "starting", "ready", "draining")
-# Not a state an agent reports: a live replica on a lost node, as operators are shown it.
-LOST = "lost"
+from llmgw.states import ENDED, LIVE, LOST, ShardState
 
 
 @dataclass
@@ -32,7 +29,7 @@ class Replica:
     model: str
     node: str
     profile: str
-    state: str  # pending | starting | ready | draining | stopping | failed | stopped
+    state: str  # a ShardState
     since: float
     endpoint: str = ""
     key: str = ""
@@ -51,9 +48,17 @@ class Replica:
 
 
 class Inventory:
+    """Nodes and replicas, with replicas indexed by node and by model: node views, model
+    states and the routing table are built under the lock on every pass and publish, and
+    must not walk every replica for every node or model. Change replicas only through
+    these methods, which keep the indexes."""
+
     def __init__(self):
         self.nodes: dict[str, Node] = {}
         self.replicas: dict[str, Replica] = {}
+        self._by_node: dict[str, dict[str, Replica]] = {}
+        self._by_model: dict[str, dict[str, Replica]] = {}
+        self._lost: set[str] = set()
 
     def node_report(self, node_id: str, body: dict, now: float) -> Node:
         """Fold a hello/heartbeat body's resources and engines into the node."""
@@ -63,6 +68,7 @@ class Inventory:
         res = body.get("resources") or {}
         node.last_seen = now
         node.lost = False
+        self._lost.discard(node_id)
         node.cpus = int(res.get("cpus") or 0)
         node.memory_total = int(res.get("memory_total") or 0)
         node.memory_available = int(res.get("memory_available") or 0)
@@ -82,12 +88,12 @@ class Inventory:
             changed |= self.shard_update(node_id, shard, now)
             seen.add(shard.get("id"))
         vanished = []
-        for r in list(self.replicas.values()):
-            if r.node != node_id or r.id in seen:
+        for r in self.on_node(node_id):
+            if r.id in seen:
                 continue
-            if r.state == "pending" and now - r.since < grace_s:
+            if r.state == ShardState.PENDING and now - r.since < grace_s:
                 continue
-            vanished.append(self.replicas.pop(r.id))
+            vanished.append(self.remove(r.id))
             changed = True
         return changed, vanished
 
@@ -102,14 +108,13 @@ class Inventory:
             if state not in LIVE:
                 return False
             # A replica we did not know: the scheduler restarted, or it was adopted.
-            r = self.replicas[rid] = Replica(
-                rid, shard.get("model", ""), node_id, shard.get("profile", ""), state, now
-            )
+            r = Replica(rid, shard.get("model", ""), node_id, shard.get("profile", ""), state, now)
+            self.add(r)
             changed = True
         else:
             changed = r.state != state or r.endpoint != shard.get("endpoint", r.endpoint)
-            if r.state == "stopping" and state in ("ready", "starting", "draining"):
-                state = "stopping"  # we asked it to stop; the report predates that
+            if r.state == ShardState.STOPPING and state in LIVE:
+                state = ShardState.STOPPING  # we asked it to stop; the report predates that
                 changed = False
         if r.state != state:
             r.since = now
@@ -119,8 +124,8 @@ class Inventory:
         r.endpoint = shard.get("endpoint", r.endpoint) or r.endpoint
         r.rss = int(shard.get("rss") or 0)
         r.reason = shard.get("reason", "") or ""
-        if state in ("failed", "stopped"):
-            self.replicas.pop(rid, None)
+        if state in ENDED:
+            self.remove(rid)
         return changed
 
     def mark_lost(self, now: float, lost_after_s: float) -> list[Node]:
@@ -128,23 +133,51 @@ class Inventory:
         for node in self.nodes.values():
             if not node.lost and now - node.last_seen > lost_after_s:
                 node.lost = True
+                self._lost.add(node.id)
                 newly.append(node)
-        if newly:
-            gone = {n.id for n in newly}
-            for r in self.replicas.values():
-                if r.node in gone:
-                    r.orphaned = True
+        for node in newly:
+            for r in self.on_node(node.id):
+                r.orphaned = True
         return newly
 
+    def add(self, r: Replica) -> None:
+        self.remove(r.id)
+        self.replicas[r.id] = r
+        self._by_node.setdefault(r.node, {})[r.id] = r
+        self._by_model.setdefault(r.model, {})[r.id] = r
+
+    def remove(self, rid: str) -> Replica | None:
+        r = self.replicas.pop(rid, None)
+        if r is not None:
+            for index, key in ((self._by_node, r.node), (self._by_model, r.model)):
+                mine = index.get(key)
+                if mine is not None:
+                    mine.pop(rid, None)
+                    if not mine:
+                        del index[key]
+        return r
+
+    @staticmethod
+    def set_state(r: Replica, state: str, now: float) -> None:
+        r.state, r.since = state, now
+
     def on_node(self, node_id: str) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.node == node_id]
+        return list(self._by_node.get(node_id, {}).values())
+
+    def of_model(self, model: str) -> list[Replica]:
+        return list(self._by_model.get(model, {}).values())
+
+    def serving(self, model: str, lost: set[str]) -> bool:
+        """Whether `model` has a ready replica on a node not in `lost`."""
+        return any(r.state == ShardState.READY and r.node not in lost
+                   for r in self._by_model.get(model, {}).values())  # fmt: skip
 
     def lost_nodes(self) -> set[str]:
-        return {n.id for n in self.nodes.values() if n.lost}
+        return set(self._lost)
 
     def state_of(self, r: Replica, lost: set[str] | None = None) -> str:
         """What to tell an operator: `lost` for a live replica on a lost node (it counts
         toward nothing, whatever its agent last said), else its reported state."""
         if lost is None:
-            lost = self.lost_nodes()
+            lost = self._lost
         return LOST if r.node in lost and r.state in LIVE else r.state

@@ -11,6 +11,7 @@ import peewee
 import zmq
 
 from llmgw import bus, log
+from llmgw.states import MsgType
 from llmgw.store import BusPeer, drop_connection
 from llmgw_scheduler.service import Scheduler
 
@@ -105,6 +106,7 @@ class Loop:
                     self._publish(now)
                 else:
                     s.step_down()
+            s.write_behind()  # store writes that need not hold the lock
 
     def _receive(self) -> None:
         while True:
@@ -164,7 +166,7 @@ class Loop:
                 s.seq += 1
             s.routes_dirty = False
             s.next_snapshot = now + self.cfg.scheduler.snapshot_s
-            self.pub.send(bus.encode("routes", "scheduler", s.routes(), s.epoch))
+            self.pub.send(bus.encode(MsgType.ROUTES, "scheduler", s.routes(), s.epoch))
 
     def close(self) -> None:
         self.router.close(0)

@@ -66,14 +66,11 @@ def main(config_path):
     needs.load_measured()
     for m in models:
         needs.estimate(m)
-    sched = Scheduler(cfg, models, secret, needs)
-    sched.extra_engines = extra
-    sched.config_names = {m.name for m in cfg.models}
-    sched.install_catalog(list(cfg.models))
-    sched.load_runtime_models()
-    sched.load_parked()
-    sched.load_drained()
-    leadership = lead(sched, db, cfg)
+    # The lease calls back from start() on, by when `sched` exists: each holds the other.
+    leadership = lead(cfg, db, lambda epoch, leading: sched.leadership_changed(epoch, leading))
+    sched = Scheduler(cfg, models, secret, needs, leadership=leadership, name=leadership.name,
+                      config_names={m.name for m in cfg.models}, extra_engines=extra)  # fmt: skip
+    sched.load(list(cfg.models))
     try:
         leadership.start()  # with SQLite: refuses if another scheduler runs on the store
         loop = Loop(sched, keys, cfg)
@@ -129,8 +126,9 @@ def main(config_path):
     _log.info("stopped")
 
 
-def lead(sched, db, cfg) -> Leadership:
-    """Wire the lease to the scheduler: a takeover and a loss change what it does."""
+def lead(cfg, db, on_change) -> Leadership:
+    """The lease; `on_change(epoch, leading)` is called on a takeover and a loss (from
+    `start()` on, once the scheduler it names exists)."""
     try:
         check_timings(cfg)
     except Error as e:
@@ -139,22 +137,4 @@ def lead(sched, db, cfg) -> Leadership:
     name = s.name or socket.gethostname()
     scheme = "https" if s.admin_tls_cert else "http"
     admin_url = s.admin_url or f"{scheme}://{s.admin_listen}"
-
-    def changed(epoch: int, leading: bool) -> None:
-        with sched.lock:
-            if leading:
-                sched.take_over(epoch, sched.clock())
-            else:
-                sched.step_down()
-
-    leadership = Leadership(db, cfg, name, admin_url, on_change=changed)
-    sched.name = name
-    sched.leadership = leadership
-    sched.leading = leadership.leading
-
-    def superseded(epoch: int, why: str) -> None:
-        if epoch > leadership.epoch:
-            leadership.lose(why)
-
-    sched.superseded = superseded
-    return leadership
+    return Leadership(db, cfg, name, admin_url, on_change=on_change)

@@ -10,7 +10,7 @@ vanishes between a clear and a set.
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
-from llmgw_scheduler.inventory import LOST
+from llmgw.states import LIVE, LOST, ShardState
 
 BACKUP = Gauge(
     "llmgw_backup_last_success_timestamp_seconds",
@@ -39,7 +39,7 @@ def watch_backups(directory) -> None:
 
 
 # Replica states published per model, every one (0 included) for every model.
-STATES = ("pending", "starting", "ready", "draining", "stopping", LOST)
+STATES = (*LIVE, ShardState.STOPPING, LOST)
 
 
 class Fleet:
@@ -134,7 +134,7 @@ class Fleet:
             labels=["model"],
         )
         for name, m in s.models.items():
-            ready.add_metric([name], counts[(name, "ready")])
+            ready.add_metric([name], counts[(name, ShardState.READY)])
             desired.add_metric([name], s.desired_now(m, now))
             parked.add_metric([name], 1 if name in s.parked else 0)
             unplaceable.add_metric([name], 1 if name in s.unplaceable else 0)

@@ -1,0 +1,144 @@
+"""What the scheduler tells agents: the outbox the loop sends from, the start intents
+kept in the store, and the start, stop, install and log requests themselves."""
+
+import secrets
+import threading
+
+from llmgw import apikeys, bus, log
+from llmgw.catalog import Model
+from llmgw.states import MsgType, ShardState
+from llmgw.store import ReplicaIntent, drop_connection
+from llmgw_scheduler.inventory import Inventory, Replica
+
+_log = log.get("llmgw.scheduler")
+
+
+class Outbox(list):
+    """(node, message) pairs to send, stamped with our epoch; the loop sends and clears."""
+
+    def __init__(self, role):
+        super().__init__()
+        self.role = role  # .epoch: ours while we lead
+
+    def send(self, node: str, kind: str, body: dict) -> None:
+        self.append((node, bus.encode(kind, "scheduler", body, self.role.epoch)))
+
+
+class Intents:
+    """Replica ids with a start intent in the store: a leader that takes over counts them
+    as pending, so it does not start them again."""
+
+    def __init__(self):
+        self.ids: set[str] = set()
+        self.done: set[str] = set()  # reported by their agent: delete the intent
+
+    def reported(self, rid) -> None:
+        if rid in self.ids:
+            self.done.add(rid)
+
+    def take_done(self) -> set[str]:
+        """The intents whose replicas an agent has reported: done with, to delete."""
+        done = self.done & self.ids
+        self.done.clear()
+        return done
+
+    @staticmethod
+    def delete(ids: set[str]) -> bool:
+        """Delete intents from the store; False if it is down (try again later)."""
+        try:
+            ReplicaIntent.delete().where(ReplicaIntent.id.in_(list(ids))).execute()
+            return True
+        except Exception as e:
+            _log.debug("intents_not_deleted", reason=str(e)[:200])
+            drop_connection()
+            return False
+
+    def reload(self, inv: Inventory, now: float, start_timeout_s: float) -> None:
+        """Read the last leader's intents: one not reported yet counts as pending, so it
+        is not started again; the start timeout removes it if it never comes."""
+        for row in ReplicaIntent.select():
+            self.ids.add(row.id)
+            if now - row.created_at > start_timeout_s:
+                self.done.add(row.id)  # long settled one way or the other
+            elif row.id not in inv.replicas:
+                inv.add(Replica(row.id, row.model, row.node, row.profile, ShardState.PENDING, now))
+
+
+class Commands:
+    """Start, stop and install, each as the inventory and the outbox must see it."""
+
+    def __init__(self, inv: Inventory, outbox: Outbox, intents: Intents, flags,
+                 cluster_secret: str, clock):  # fmt: skip
+        self.inv = inv
+        self.outbox = outbox
+        self.intents = intents
+        self.flags = flags
+        self.cluster_secret = cluster_secret
+        self.clock = clock
+        self._installs_asked: dict[tuple[str, str], float] = {}
+
+    def start(self, m: Model, node: str, now: float) -> str | None:
+        """Start a replica: the intent goes to the store first, so a leader that takes
+        over knows it may be on its way; None if the store would not take it."""
+        rid = "r-" + secrets.token_hex(4)
+        try:
+            epoch = self.outbox.role.epoch
+            ReplicaIntent.insert(id=rid, model=m.name, node=node, profile=m.profile_hash(),
+                                 epoch=epoch, created_at=now).execute()  # fmt: skip
+        except Exception as e:  # the store is down: start nothing we could not record
+            _log.warning("intent_not_written", model=m.name, node=node, reason=str(e)[:200])
+            drop_connection()
+            return None
+        self.intents.ids.add(rid)
+        key = apikeys.engine_key(self.cluster_secret, rid)
+        self.inv.add(Replica(rid, m.name, node, m.profile_hash(), ShardState.PENDING, now, key=key))
+        body = {
+            "id": rid, "model": m.name, "profile": m.profile_hash(), "engine": m.engine,
+            "engine_version": m.engine_version, "source": m.source, "sha256": m.sha256,
+            "context": m.context, "parallel": m.parallel, "gpus": m.gpus,
+            "args": list(m.args), "key": key,
+        }  # fmt: skip
+        _log.info("start_replica", replica=rid, model=m.name, node=node)
+        self.outbox.send(node, MsgType.START_SHARD, body)
+        return rid
+
+    def install(self, node: str, m: Model) -> None:
+        key = (node, m.engine_id)
+        now = self.clock()
+        if now - self._installs_asked.get(key, -1e9) < 60:
+            return
+        self._installs_asked[key] = now
+        _log.info("install_engine", node=node, engine=m.engine_id)
+        self.outbox.send(node, MsgType.INSTALL_ENGINE,
+                         {"engine": m.engine, "version": m.engine_version})  # fmt: skip
+
+    def stop(self, rid: str, now: float) -> None:
+        r = self.inv.replicas.get(rid)
+        if r is None:
+            return
+        _log.info("stop_replica", replica=rid, model=r.model, node=r.node, state=r.state)
+        self.inv.set_state(r, ShardState.STOPPING, now)
+        self.flags.routes_dirty = True
+        self.outbox.send(r.node, MsgType.STOP_SHARD, {"id": rid})
+
+
+class LogRequests(dict):
+    """`llmgw logs`: request id -> {"done": Event, "reply"}, answered by the agent."""
+
+    def __init__(self, outbox: Outbox):
+        super().__init__()
+        self.outbox = outbox
+
+    def ask(self, node: str, shard: str, lines: int) -> dict:
+        """Queue a get_logs; the admin API waits on the returned entry's event."""
+        request = secrets.token_hex(8)
+        entry = {"done": threading.Event(), "reply": None, "request": request}
+        self[request] = entry
+        self.outbox.send(node, MsgType.GET_LOGS, {"id": shard, "lines": lines, "request": request})
+        return entry
+
+    def answer(self, body: dict) -> None:
+        waiter = self.get(body.get("request", ""))
+        if waiter is not None:
+            waiter["reply"] = body
+            waiter["done"].set()

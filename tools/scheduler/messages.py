@@ -1,0 +1,130 @@
+"""Messages from agents and routers, folded into the scheduler's state: reports into the
+inventory, failures into parking, wants and activity into demand, logs to their waiter."""
+
+from llmgw import bus, log
+from llmgw.states import REPORTS, STARTING, MsgType, ShardState
+from llmgw_scheduler.commands import Intents, LogRequests
+from llmgw_scheduler.demand import Demand
+from llmgw_scheduler.inventory import Inventory
+from llmgw_scheduler.models import Catalog
+from llmgw_scheduler.needs import Needs
+from llmgw_scheduler.parking import Parking
+
+_log = log.get("llmgw.scheduler")
+
+
+class Messages:
+    def __init__(self, inv: Inventory, catalog: Catalog, needs: Needs, parking: Parking,
+                 demand: Demand, intents: Intents, logs: LogRequests, drained, cfg, flags,
+                 leadership, clock):  # fmt: skip
+        self.inv = inv
+        self.catalog = catalog
+        self.needs = needs
+        self.parking = parking
+        self.demand = demand
+        self.intents = intents
+        self.logs = logs
+        self.drained = drained  # node in drained: it is draining
+        self.cfg = cfg  # the scheduler section: start_timeout_s
+        self.flags = flags
+        self.leadership = leadership  # .leading(), .epoch and .superseded(epoch, why)
+        self.clock = clock
+
+    def handle(self, sender: str, msg: dict) -> None:
+        now = self.clock()
+        body = msg["body"]
+        kind = msg["type"]
+        seen = msg.get("epoch", 0)
+        lead = self.leadership
+        if isinstance(seen, int) and seen > lead.epoch and lead.leading():
+            # An agent has had a command from a newer leader: we have been replaced.
+            lead.superseded(seen, f"node {sender} has seen epoch {seen}")
+        if kind == MsgType.REFUSED:
+            _log.warning("command_refused", node=sender, type=body.get("type"),
+                         reason=body.get("reason"))  # fmt: skip
+        elif kind in REPORTS:
+            self._report(sender, body, now)
+        elif kind == MsgType.SHARD_STATUS:
+            self._shard_status(sender, body.get("shard") or {}, now)
+        elif kind == MsgType.WANT:
+            model = self.catalog.by_alias.get(body.get("model", ""))
+            if model is not None:
+                m = self.catalog.models[model]
+                if m.min == 0 and not self.demand.active(m, now) and lead.leading():
+                    _log.info("model_wanted", model=model, by=sender)
+                self.demand.want(model, sender, body.get("n"), now)
+                self.flags.wake = True  # place it now, not at the next tick
+        elif kind == MsgType.ACTIVITY:
+            for name, idle in (body.get("idle_s") or {}).items():
+                model = self.catalog.by_alias.get(name)
+                if model is not None and isinstance(idle, int | float):
+                    self.demand.used(model, idle, now)
+            for rid, idle in (body.get("replica_idle_s") or {}).items():
+                r = self.inv.replicas.get(rid)
+                if r is not None and isinstance(idle, int | float):
+                    r.last_used = max(r.last_used, now - idle)
+        elif kind == MsgType.LOGS:
+            self.logs.answer(body)
+        elif kind == MsgType.INSTALL_STATUS:
+            node = self.inv.nodes.get(sender)
+            if node is not None:
+                node.engines[body.get("engine", "")] = {
+                    "state": body.get("state", ""),
+                    "reason": body.get("reason", ""),
+                }
+                _log.info("engine_install", node=sender, engine=body.get("engine"),
+                          state=body.get("state"), reason=body.get("reason") or None)  # fmt: skip
+
+    def _report(self, sender: str, body: dict, now: float) -> None:
+        """A hello or heartbeat: the node's whole state."""
+        node = self.inv.nodes.get(sender)
+        if node is None or node.lost:
+            memory = (body.get("resources") or {}).get("memory_available", 0)
+            _log.info("node_up", node=sender, memory_gib=_gib(memory))
+        self.inv.node_report(sender, body, now).draining = sender in self.drained
+        shards = body.get("shards") or []
+        changed, vanished = self.inv.shards_report(
+            sender, shards, now, grace_s=self.cfg.start_timeout_s
+        )
+        for s in shards:
+            self.intents.reported(s.get("id"))
+        for r in vanished:
+            _log.warning("replica_vanished", replica=r.id, model=r.model, node=sender)
+            if r.state != ShardState.STOPPING:
+                self.parking.failed(r.model, now, counts=_a_start(r.state, r.orphaned))
+        self.flags.routes_dirty |= changed
+
+    def _shard_status(self, node: str, shard: dict, now: float) -> None:
+        before = self.inv.replicas.get(shard.get("id"))
+        was = before.state if before else None
+        orphaned = before is not None and before.orphaned
+        self.intents.reported(shard.get("id"))
+        if not self.inv.shard_update(node, shard, now):
+            return
+        self.flags.routes_dirty = True
+        state, model = shard.get("state"), shard.get("model", "")
+        reason = (shard.get("reason") or "")[:300] or None
+        _log.info("replica_state", replica=shard.get("id"), model=model, node=node,
+                  state=state, was=was, reason=reason)  # fmt: skip
+        if state == ShardState.READY:
+            self.parking.succeeded(model)
+            m = self.catalog.models.get(model)
+            if m is not None and shard.get("rss") and self.leadership.leading():
+                self.needs.record(m, int(shard["rss"]))  # a standby writes nothing
+        elif state == ShardState.FAILED and was != ShardState.STOPPING:
+            reason = shard.get("reason") or ""
+            # An engine that died after it was ready still backs off (its failures start
+            # again at its next ready); one gone with its node or agent is no failure.
+            counts = not orphaned and reason != bus.GONE_AFTER_AGENT_RESTART
+            self.parking.failed(model, now, reason, counts=counts)
+
+
+def _a_start(state: str | None, orphaned: bool) -> bool:
+    """Whether a replica that vanished from its node's heartbeat in `state` was a start
+    that failed: not one that had served (the agent lost it, not its engine), and not one
+    whose node was lost meanwhile. One we never heard of (None) was starting."""
+    return not orphaned and (state is None or state in STARTING)
+
+
+def _gib(n) -> str:
+    return f"{int(n or 0) / 2**30:.1f}"

@@ -1,6 +1,8 @@
 """Which failures count toward parking, and what a standby says: the real scheduler in
 process, with a fake clock and agents that are only their messages."""
 
+import logging
+
 import pytest
 
 from tests.fake_fleet import Fleet, model
@@ -100,3 +102,19 @@ def test_an_engine_that_dies_after_serving_backs_off_like_any_engine_failure(fle
     rid = fleet.start_ready("a")
     fleet.shard("a", rid, "failed", "Segmentation fault")
     assert failures(fleet) == 1
+
+
+def test_a_replica_s_state_is_logged_once_per_change_not_when_only_its_endpoint_moves(
+    fleet, caplog
+):
+    caplog.set_level(logging.INFO, logger="llmgw")
+    fleet.tick()
+    ((node, start),) = fleet.sent("start_shard")
+    rid = start["id"]
+    fleet.shard(node, rid, "starting", endpoint="")
+    fleet.shard(node, rid, "starting", endpoint=f"http://{node}:9001")  # its port, now known
+    fleet.shard(node, rid, "ready", endpoint=f"http://{node}:9001")
+    lines = [r.getMessage() for r in caplog.records if "replica_state" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "state=starting" in lines[0] and "state=ready was=starting" in lines[1]
+    assert not any("state=starting was=starting" in line for line in lines)

@@ -104,8 +104,12 @@ class Messages:
         self.flags.routes_dirty = True
         state, model = shard.get("state"), shard.get("model", "")
         reason = (shard.get("reason") or "")[:300] or None
-        _log.info("replica_state", replica=shard.get("id"), model=model, node=node,
-                  state=state, was=was, reason=reason)  # fmt: skip
+        if state != was:  # said once per change: not `state=starting was=starting`
+            _log.info("replica_state", replica=shard.get("id"), model=model, node=node,
+                      state=state, was=was, reason=reason)  # fmt: skip
+        else:  # the same state on a new endpoint (the engine's port is known now)
+            _log.debug("replica_endpoint", replica=shard.get("id"), state=state,
+                       endpoint=shard.get("endpoint"))  # fmt: skip
         if state == ShardState.READY:
             self.parking.succeeded(model)
             m = self.catalog.models.get(model)

@@ -39,6 +39,7 @@ REPLICA_KEYS = {
     "node",
     "state",
     "endpoint",
+    "created",
     "since",
     "rss",
     "reason",

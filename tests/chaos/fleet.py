@@ -63,7 +63,7 @@ class ChaosCluster(Cluster):
         proc = Proc(
             [str(BIN / "llmgw-router"), "--config", str(cfg)],
             log,
-            health=f"{self.router_urls[name]}/health",
+            health=f"{self.router_urls[name]}/ready",
         )
         proc.wait_healthy()
         self.routers[name] = proc

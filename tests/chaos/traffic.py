@@ -5,7 +5,7 @@ the routers in turn. A connection error before anything of the answer arrived (r
 reset, closed before the status line or the first streamed token) is retried once on the
 other router with the same request id, which is how the usage rows are matched to what
 the client saw. As a load balancer's health check would, a connection error also takes
-that router out of the rotation until its /health says ok again. Every request ends in
+that router out of the rotation until its /ready says ok again. Every request ends in
 one of three outcomes:
 
     ok      a complete 200 answer (a JSON body with choices; a stream that reached [DONE])
@@ -56,7 +56,7 @@ class Traffic:
         self.sent: list[Sent] = []
         self._lock = threading.Lock()
         self._n = 0
-        self._down: dict[int, float] = {}  # router index -> when /health was last asked
+        self._down: dict[int, float] = {}  # router index -> when /ready was last asked
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)
@@ -113,7 +113,7 @@ class Traffic:
 
     def _rotation(self, turn: int) -> list[int]:
         """The routers to try, in turn order, leaving out those taken out of the rotation
-        until their /health says ok (asked at most every 0.2 s, as a health check is)."""
+        until their /ready says ok (asked at most every 0.2 s, as a load balancer does)."""
         n = len(self.urls)
         order = [(turn + k) % n for k in range(n)]
         with self._lock:
@@ -124,7 +124,7 @@ class Traffic:
             with self._lock:
                 self._down[i] = time.monotonic()
             try:
-                healthy = requests.get(f"{self.urls[i]}/health", timeout=1).status_code == 200
+                healthy = requests.get(f"{self.urls[i]}/ready", timeout=1).status_code == 200
             except requests.RequestException:
                 healthy = False
             if healthy:

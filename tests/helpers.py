@@ -163,3 +163,17 @@ def llmgw(*args: str, env: dict | None = None, check: bool = True) -> subprocess
     if check and result.returncode != 0:
         raise AssertionError(f"llmgw {' '.join(args)} exited {result.returncode}: {result.stderr}")
     return result
+
+
+def unit_service(unit: str) -> dict[str, list[str]]:
+    """Every KEY=VALUE of systemd/UNIT's [Service] section, repeated keys kept in order."""
+    out: dict[str, list[str]] = {}
+    section = ""
+    for line in (ROOT / "systemd" / unit).read_text().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            out.setdefault(key, []).append(value)
+    return out

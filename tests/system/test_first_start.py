@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.helpers import BIN, ROOT, eventually, free_port
+from tests.helpers import BIN, ROOT, eventually, free_port, unit_service
 
 USER = "llmgw"
 UNITS = ROOT / "systemd"
@@ -52,18 +52,7 @@ def missing(reason: str):
     pytest.skip(reason)
 
 
-def service(unit: str) -> dict[str, list[str]]:
-    """The [Service] section of systemd/UNIT: every key's values, in order."""
-    out: dict[str, list[str]] = {}
-    section = ""
-    for line in (UNITS / unit).read_text().splitlines():
-        line = line.strip()
-        if line.startswith("["):
-            section = line
-        elif section == "[Service]" and "=" in line and not line.startswith("#"):
-            key, value = line.split("=", 1)
-            out.setdefault(key, []).append(value)
-    return out
+service = unit_service  # one parser of the units, in tests/helpers.py
 
 
 def one(settings: dict, key: str, default: str = "") -> str:

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import BIN, ROOT
+from tests.helpers import BIN, ROOT, unit_service
 
 
 @pytest.mark.parametrize("unit", sorted(p.name for p in (ROOT / "systemd").iterdir()))
@@ -65,18 +65,7 @@ def exposure(unit: str) -> float:
     return float(found.group(1))
 
 
-def directives(unit: str) -> dict[str, list[str]]:
-    """Every KEY=VALUE of the unit's [Service] section, repeated keys kept in order."""
-    out: dict[str, list[str]] = {}
-    section = ""
-    for line in (ROOT / "systemd" / unit).read_text().splitlines():
-        line = line.strip()
-        if line.startswith("["):
-            section = line
-        elif section == "[Service]" and "=" in line and not line.startswith("#"):
-            key, value = line.split("=", 1)
-            out.setdefault(key, []).append(value)
-    return out
+directives = unit_service  # one parser of the units, in tests/helpers.py
 
 
 def test_every_service_has_an_exposure_target():

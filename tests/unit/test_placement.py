@@ -1,6 +1,15 @@
 import random
 
-from llmgw.placement import Fleet, GiB, Need, NodeView, place, place_many, why_not
+from llmgw.placement import (
+    Fleet,
+    GiB,
+    Need,
+    NodeView,
+    gpus_needed,
+    place,
+    place_many,
+    why_not,
+)
 
 LLAMA = "llama.cpp-0.3.36"
 VLLM = "vllm-0.6.3"
@@ -191,3 +200,60 @@ def test_the_reasons_of_a_pass_match_why_not_for_each_node():
         got = place(need, nodes, explain=True)
         assert got.reasons == {k: v for k, v in want.items() if v is not None}
         assert (got.node is None) == all(want.values())
+
+
+def test_a_mixed_pass_over_several_engines_agrees_with_a_plain_scan_of_every_node():
+    # Bookings move a node in every engine's index, for CPU and GPU needs alike: this
+    # checks the indexes against a scan of every node with why_not after each booking.
+    rng = random.Random(5)
+    engines = [LLAMA, "llama.cpp-0.4.0", VLLM]
+    nodes = [
+        NodeView(f"n{i:02}", draining=rng.random() < 0.05, memory_free=rng.randrange(0, 9) * GiB,
+                 gpus_free=rng.choice([(), (), (24 * GiB, 80 * GiB), (40 * GiB,) * 4]),
+                 engines={e: s for e in engines
+                          if (s := rng.choice(["installed", "installing", None])) is not None})
+        for i in range(40)
+    ]  # fmt: skip
+    needs = []
+    for _ in range(150):
+        if rng.random() < 0.3:
+            needs.append(Need(f"g{rng.randrange(4)}", rng.choice([20, 40]) * GiB,
+                              rng.choice([1, 2]), VLLM))  # fmt: skip
+        else:
+            gib = rng.choice([0.5, 1, 2])
+            needs.append(cpu(f"m{rng.randrange(6)}", gib, engine=rng.choice(engines[:2])))
+    memory = {n.id: n.memory_free for n in nodes}
+    gpus = {n.id: sorted(n.gpus_free) for n in nodes}
+    counts: dict[tuple[str, str], int] = {}
+    tier = {"installed": 0, "installing": 1, None: 2}
+    placed = 0
+    for need, got in zip(needs, place_many(needs, nodes), strict=True):
+        k = gpus_needed(need)
+
+        def free(n, k=k):
+            if k == 0:
+                return memory[n.id]
+            g = sorted(gpus[n.id], reverse=True)
+            return g[k - 1] if len(g) >= k else -1
+
+        def booked(n):
+            return NodeView(n.id, n.lost, n.draining, memory[n.id], tuple(gpus[n.id]), n.engines)
+
+        fits = [n for n in nodes if why_not(need, booked(n)) is None]
+        best = min(
+            fits,
+            default=None,
+            key=lambda n: (tier[n.engines.get(need.engine)], counts.get((need.model, n.id), 0),
+                           -free(n), n.id),
+        )  # fmt: skip
+        assert got.node == (best.id if best else None), need
+        if best is None:
+            continue
+        placed += 1
+        counts[(need.model, best.id)] = counts.get((need.model, best.id), 0) + 1
+        if k == 0:
+            memory[best.id] -= need.memory
+        else:
+            fit = [i for i, g in enumerate(gpus[best.id]) if g >= need.memory][:k]
+            gpus[best.id] = [g for i, g in enumerate(gpus[best.id]) if i not in fit]
+    assert 30 < placed < len(needs)

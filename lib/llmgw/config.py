@@ -144,6 +144,9 @@ class SchedulerConfig:
     renew_s: float = 5.0
     step_down_s: float = 10.0
     standby_retry_s: float = 2.0
+    # Published llmgw wheels (`llmgw release publish`), which onboarding and upgrades
+    # install on nodes; empty: <paths.state_dir>/releases.
+    release_dir: str = ""
 
 
 @dataclass
@@ -285,6 +288,13 @@ class Config:
         if self.router.usage_spool_dir:
             return self.file(self.router.usage_spool_dir)
         return Path(self.paths.state_dir).absolute() / "usage-spool"
+
+    def release_dir(self) -> Path:
+        """The control plane's releases: scheduler.release_dir (relative to this file),
+        else releases in paths.state_dir."""
+        if self.scheduler.release_dir:
+            return self.file(self.scheduler.release_dir)
+        return Path(self.paths.state_dir).absolute() / "releases"
 
     def curve_dir(self) -> Path:
         return Path(self.paths.config_dir) / "pki" / "curve"

@@ -35,16 +35,25 @@ class Admin:
     def delete(self, path: str):
         return self._call("DELETE", path)
 
-    def _call(self, method: str, path: str, params: dict | None = None, body=None):
+    def upload(self, path: str, file: Path, timeout_s: float = 120.0):
+        """POST a file's bytes (a wheel) as the body."""
+        with open(file, "rb") as f:
+            return self._call("POST", path, data=f, timeout_s=timeout_s)
+
+    def _call(self, method, path, params=None, body=None, data=None, timeout_s=TIMEOUT_S):
+        headers = {"Authorization": f"Bearer {self.token}", "X-Llmgw-Actor": actor()}
+        if data is not None:
+            headers["Content-Type"] = "application/octet-stream"
         try:
             r = requests.request(
                 method,
                 self.url + path,
                 params=params,
                 json=body,
-                headers={"Authorization": f"Bearer {self.token}", "X-Llmgw-Actor": actor()},
+                data=data,
+                headers=headers,
                 verify=self.verify,
-                timeout=TIMEOUT_S,
+                timeout=timeout_s,
             )
         except requests.RequestException as e:
             raise click.ClickException(

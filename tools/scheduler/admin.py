@@ -19,7 +19,7 @@ from llmgw.errors import Conflict, Invalid, NotFound, Refused
 from llmgw.placement import place
 from llmgw.states import LIVE, LOST, ShardState
 from llmgw.store import BusPeer
-from llmgw_scheduler import page, registry
+from llmgw_scheduler import page, registry, releases_api
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -240,7 +240,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, operators.listing())
         if parts == ["v1", "whoami"]:
             return self._send(200, {"name": self.who.name, "role": self.who.role})
-        if registry.get(self, parts, url.query):
+        if registry.get(self, parts, url.query) or releases_api.get(self, parts):
             return
         s = self.sched
         with s.lock:
@@ -489,7 +489,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if parts == ["v1", "operators"]:
             return self._operators_add()
-        if registry.post(self, parts):
+        if registry.post(self, parts) or releases_api.post(self, parts):
             return
         s = self.sched
         if parts == ["v1", "models"]:

@@ -147,6 +147,9 @@ class SchedulerConfig:
     # Published llmgw wheels (`llmgw release publish`), which onboarding and upgrades
     # install on nodes; empty: <paths.state_dir>/releases.
     release_dir: str = ""
+    # The weights mirror (`llmgw weights pull`): files by sha256, served to registered
+    # nodes over the admin API; empty: <paths.state_dir>/mirror.
+    mirror_dir: str = ""
 
 
 @dataclass
@@ -178,6 +181,9 @@ class AgentConfig:
     memory_bytes: int = 0
     gpus: int = -1
     log_lines: int = 500
+    # Weights this node keeps in <state_dir>/weights, at most (0: no bound). Past it the
+    # least recently used are deleted, never those of a starting or running shard.
+    weights_max_bytes: int = 0
     # Finished engine builds are looked for here before building (~/.cache/llmgw/engines).
     engine_cache: str = ""
     engines: list[EngineConfig] = field(default_factory=list)
@@ -295,6 +301,13 @@ class Config:
         if self.scheduler.release_dir:
             return self.file(self.scheduler.release_dir)
         return Path(self.paths.state_dir).absolute() / "releases"
+
+    def mirror_dir(self) -> Path:
+        """The weights mirror: scheduler.mirror_dir (relative to this file), else mirror
+        in paths.state_dir."""
+        if self.scheduler.mirror_dir:
+            return self.file(self.scheduler.mirror_dir)
+        return Path(self.paths.state_dir).absolute() / "mirror"
 
     def curve_dir(self) -> Path:
         return Path(self.paths.config_dir) / "pki" / "curve"

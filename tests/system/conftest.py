@@ -50,6 +50,7 @@ class Cluster:
         self.lease = "lease_s = 3.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
         self.admin_scheme = "http"
         self.scheduler_extra = ""  # more [scheduler] lines, e.g. for TLS
+        self.scheduler_env: dict[str, str] = {}  # e.g. REQUESTS_CA_BUNDLE for a source
         self.models: list[dict] = []
         self.scheduler: Proc | None = None
         self.agents: dict[str, Proc] = {}
@@ -112,6 +113,7 @@ class Cluster:
         version: str = "1",
         profile: str = "",
         keep_alive: float = 300.0,
+        sha256: str = "",
     ) -> None:
         """A model for the fake engine, unless `engine`, `source` and `profile` (TOML lines
         for [models.profile]) say otherwise."""
@@ -126,6 +128,7 @@ class Cluster:
                 "version": version,
                 "profile": profile,
                 "keep_alive": keep_alive,
+                "sha256": sha256,
             }
         )
 
@@ -137,7 +140,8 @@ class Cluster:
             memory = f"memory_bytes = {m['memory']}\n" if m["memory"] else ""
             out.append(
                 f'[[models]]\nname = "{m["name"]}"\nsource = "{m["source"] or weights}"\n'
-                f'engine = "{m["engine"]}"\nengine_version = "{m["version"]}"\n'
+                + (f'sha256 = "{m["sha256"]}"\n' if m["sha256"] else "")
+                + f'engine = "{m["engine"]}"\nengine_version = "{m["version"]}"\n'
                 f"[models.profile]\n{memory}{m['profile']}"
                 f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"
                 f"keep_alive_s = {m['keep_alive']}\n"
@@ -167,6 +171,7 @@ class Cluster:
         proc = Proc(
             [str(BIN / "llmgw-scheduler"), "--config", str(cfg)],
             self.tmp / f"scheduler{suffix}.log",
+            env=self.scheduler_env,
             health=f"http://127.0.0.1:{ports['metrics']}/metrics",
         )
         proc.wait_healthy()

@@ -19,6 +19,7 @@ from llmgw_ctl.status import explain_placement, models, replicas, retry, status
 from llmgw_ctl.store import store
 from llmgw_ctl.tenancy import orgs, projects, teams, users
 from llmgw_ctl.usage import usage
+from llmgw_ctl.weights import weights
 
 
 @click.group(context_settings=cli_common.CONTEXT)
@@ -81,3 +82,4 @@ cli.add_command(usage)
 cli.add_command(operators)
 cli.add_command(admin_token)
 cli.add_command(release)
+cli.add_command(weights)

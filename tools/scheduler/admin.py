@@ -19,7 +19,7 @@ from llmgw.errors import Conflict, Invalid, NotFound, Refused
 from llmgw.placement import place
 from llmgw.states import LIVE, LOST, ShardState
 from llmgw.store import BusPeer
-from llmgw_scheduler import page, registry, releases_api
+from llmgw_scheduler import mirror_api, page, registry, releases_api
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -89,7 +89,9 @@ class View:
             "memory_available": None if n.lost else n.memory_available,
             "gpus": [] if n.lost else n.gpus, "engines": n.engines,
             "replicas": len(self.s.inv.on_node(n.id)),
-            "last_seen": n.last_seen,
+            "last_seen": n.last_seen, "version": n.version or None,
+            "disk_total": n.disk_total or None, "disk_free": n.disk_free or None,
+            "fetching": [] if n.lost else n.fetching,
         }  # fmt: skip
 
     def nodes(self) -> list[dict]:
@@ -99,7 +101,8 @@ class View:
             if peer not in seen:
                 out.append({"name": peer, "state": "never seen", "cpus": 0, "memory_total": 0,
                             "memory_available": 0, "gpus": [], "engines": {}, "replicas": 0,
-                            "last_seen": None})  # fmt: skip
+                            "last_seen": None, "version": None, "disk_total": None,
+                            "disk_free": None, "fetching": []})  # fmt: skip
         return out
 
     def model(self, m) -> dict:
@@ -233,14 +236,18 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         if url.path in ("/", "/status"):
             return page.serve(self, url)  # for browsers: its own ways to authenticate
+        parts = [unquote(p) for p in url.path.strip("/").split("/")]
+        if mirror_api.node_get(self, parts):  # nodes, with their own credential
+            return
         if not self._authorised():
             return
-        parts = [unquote(p) for p in url.path.strip("/").split("/")]
         if parts == ["v1", "operators"]:
             return self._send(200, operators.listing())
         if parts == ["v1", "whoami"]:
             return self._send(200, {"name": self.who.name, "role": self.who.role})
-        if registry.get(self, parts, url.query) or releases_api.get(self, parts):
+        if any(api.get(self, parts) for api in (releases_api, mirror_api)):
+            return
+        if registry.get(self, parts, url.query):
             return
         s = self.sched
         with s.lock:
@@ -469,6 +476,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._operators_remove(parts[2])
         if registry.delete(self, parts, urlsplit(self.path).query):
             return
+        if mirror_api.delete(self, parts):
+            return
         s = self.sched
         if len(parts) == 3 and parts[:2] == ["v1", "models"]:
             with s.lock:
@@ -489,7 +498,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if parts == ["v1", "operators"]:
             return self._operators_add()
-        if registry.post(self, parts) or releases_api.post(self, parts):
+        if any(api.post(self, parts) for api in (registry, releases_api, mirror_api)):
             return
         s = self.sched
         if parts == ["v1", "models"]:

@@ -71,6 +71,7 @@ def main(config_path):
     sched = Scheduler(cfg, models, secret, needs, leadership=leadership, name=leadership.name,
                       config_names={m.name for m in cfg.models}, extra_engines=extra)  # fmt: skip
     sched.load(list(cfg.models))
+    sched.commands.mirror_url = leadership.admin_url
     try:
         leadership.start()  # with SQLite: refuses if another scheduler runs on the store
         loop = Loop(sched, keys, cfg)

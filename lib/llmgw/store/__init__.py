@@ -23,6 +23,7 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     DrainedNode,
     Lease,
     MeasuredCapacity,
+    MirroredWeights,
     ModelScale,
     Operator,
     ParkedModel,

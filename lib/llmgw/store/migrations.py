@@ -340,6 +340,22 @@ def m010_usage_row_id(db: peewee.Database) -> None:
     )
 
 
+def m011_mirrored_weights(db: peewee.Database) -> None:
+    """The control plane's weights mirror: per model, where its weights came from and
+    the content they were pinned to (the files are blobs named by their sha256)."""
+    run(
+        db,
+        """CREATE TABLE mirrored_weights (
+            model VARCHAR(200) NOT NULL PRIMARY KEY,
+            source VARCHAR(1000) NOT NULL,
+            sha256 VARCHAR(64) NOT NULL,
+            files TEXT NOT NULL,
+            size {BIGINT} NOT NULL,
+            pinned_at {DOUBLE} NOT NULL,
+            pulled_at {DOUBLE} NOT NULL)""",
+    )
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -351,6 +367,7 @@ MIGRATIONS = [
     m008_leadership,
     m009_operators,
     m010_usage_row_id,
+    m011_mirrored_weights,
 ]
 
 

@@ -234,6 +234,24 @@ class Operator(BaseModel):
         table_name = "operators"
 
 
+class MirroredWeights(BaseModel):
+    """A model's weights in the control plane's mirror (m011). `files` is the manifest,
+    a JSON list of {"name", "sha256", "size"} (one entry for one GGUF; several for split
+    GGUFs or a directory); `sha256` is the single file's, or the manifest's for several.
+    A source with no sha256 in the catalog is pinned to this at its first pull."""
+
+    model = peewee.CharField(primary_key=True, max_length=200)
+    source = peewee.CharField(max_length=1000)
+    sha256 = peewee.CharField(max_length=64)
+    files = peewee.TextField()
+    size = peewee.BigIntegerField()
+    pinned_at = peewee.DoubleField()
+    pulled_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "mirrored_weights"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,
@@ -249,4 +267,5 @@ ALL_MODELS = [
     Lease,
     SchedulerSeen,
     ReplicaIntent,
+    MirroredWeights,
 ]

@@ -134,6 +134,7 @@ class Agent:
             "engines": self.installer.report(),
             "shards": shards,
             "fetching": self.supervisor.weights.fetching(),
+            "weights": self.supervisor.weights.cached(),
         }
 
     def _send(self, link: Link, kind: str, body: dict) -> bool:

@@ -323,6 +323,15 @@ class Weights:
             raise WeightsError(f"mirror {url}: {e}") from None
         return have, digest
 
+    def cached(self) -> list[str]:
+        """The content ids this node has weights for (`weights/sha256/*`), so placement
+        does not ask it for disk it need not spend."""
+        base = self.root / "sha256"
+        try:
+            return sorted(d.name for d in base.iterdir() if _SHA256.match(d.name))
+        except OSError:
+            return []
+
     def fetching(self) -> list[dict]:
         """What is being fetched from the mirror now, for heartbeats."""
         return [dict(p) for p in list(self.progress.values())]

@@ -25,6 +25,7 @@ class Node:
     disk_total: int = 0  # the agent's state directory's file system (0: not reported)
     disk_free: int = 0
     fetching: list = field(default_factory=list)  # weights on their way from the mirror
+    weights: frozenset = frozenset()  # content ids of the weights the node has
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Inventory:
         node.disk_total = int(res.get("disk_total") or 0)
         node.disk_free = int(res.get("disk_free") or 0)
         node.fetching = [f for f in body.get("fetching") or [] if isinstance(f, dict)]
+        node.weights = frozenset(str(w) for w in body.get("weights") or [])
         return node
 
     def shards_report(self, node_id: str, shards: list[dict], now: float, grace_s: float):

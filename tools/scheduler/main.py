@@ -64,6 +64,7 @@ def main(config_path):
     log.setup("llmgw-scheduler", cfg.log.level)
     needs = Needs(Path(cfg.paths.state_dir) / "weights")
     needs.load_measured()
+    needs.load_mirrored()
     for m in models:
         needs.estimate(m)
     # The lease calls back from start() on, by when `sched` exists: each holds the other.

@@ -235,6 +235,7 @@ def pull(h, name: str) -> dict:
     row = MirroredWeights.get(MirroredWeights.model == name)
     with s.lock:
         used = len(s.inv.of_model(name))
+        s.needs.mirrored[name] = (source, got, size)  # placement asks nodes for the disk
     return {**weights_json(name, source, row, used), "new": new}
 
 
@@ -270,6 +271,8 @@ def delete(h, parts: list[str]) -> bool:
         return True
     freed = _mirror(h).remove(files_from(row.files), mirror.used_elsewhere(_manifests(), name))
     MirroredWeights.delete().where(MirroredWeights.model == name).execute()
+    with s.lock:
+        s.needs.mirrored.pop(name, None)
     h._change("weights.rm", name, sha256=row.sha256, freed=freed)
     h._send(200, {"model": name, "removed": True, "freed": freed})
     return True

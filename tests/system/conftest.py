@@ -261,11 +261,14 @@ class Cluster:
         """GET the admin API's JSON (fast enough to poll, unlike running `llmgw`)."""
         token = (self.etc / "secrets" / "admin.token").read_text().strip()
         port = self.sched_ports[scheduler]["admin"]
+        # https: verified by the cluster CA where certmon made one (verify=False warns).
+        ca = self.etc / "pki" / "ca.crt"
+        verify = True if self.admin_scheme == "http" else str(ca) if ca.exists() else False
         r = requests.get(
             f"{self.admin_scheme}://127.0.0.1:{port}{path}",
             headers={"Authorization": f"Bearer {token}"},
             timeout=5,
-            verify=False if self.admin_scheme == "https" else True,
+            verify=verify,
         )
         r.raise_for_status()
         return r.json()

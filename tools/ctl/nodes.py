@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import click
 
-from llmgw import audit, peers
+from llmgw import apikeys, audit, peers
 from llmgw_ctl.api import actor, client
 from llmgw_ctl.common import pass_state, print_json, print_table, when
 from llmgw_ctl.status import print_nodes
@@ -146,6 +146,35 @@ def nodes(ctx, as_json):
 def nodes_add(state, name, as_json, out, direct):
     """Make NAME's CURVE keypair and let its agent in."""
     _add(state, name, "agent", as_json, direct, out)
+
+
+@nodes.command("join-token")
+@click.argument("name")
+@click.option("--ttl", default="1h", show_default=True, help="How long it works: 30m, 1h, 2d.")
+@click.option("--json", "as_json", is_flag=True, help="Print the token and its command as JSON.")
+@pass_state
+def nodes_join_token(state, name, ttl, as_json):
+    """A one-time token for node NAME to join with, and the command to run on it.
+
+    The token works once and expires; making and using it are in the audit log. It
+    needs the admin API on HTTPS with a certificate from the cluster CA: the node
+    checks that CA against the fingerprint printed here before it sends the token.
+
+    \b
+    Examples:
+      llmgw nodes join-token gpu-07 --ttl 30m
+      # then on gpu-07:
+      llmgw-agentd join https://cp1:8081 llmgw-join-… --ca-sha256 3f9a…
+    """
+    try:
+        ttl_s = apikeys.parse_duration(ttl)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--ttl") from None
+    out = client(state).post(f"/v1/nodes/{quote(name, safe='')}/join-token", {"ttl_s": ttl_s})
+    if as_json:
+        return print_json(out)
+    click.echo(out["command"])
+    click.echo(f"works once, until {when(out['expires_at'])}", err=True)
 
 
 @nodes.command("remove")

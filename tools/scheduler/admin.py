@@ -16,17 +16,18 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from llmgw import audit, bus, dirs, lease, log, operators
 from llmgw.dirs import DirError
 from llmgw.errors import Conflict, Invalid, NotFound, Refused
+from llmgw.jointokens import TokenRefused
 from llmgw.placement import place
 from llmgw.states import LIVE, LOST, ShardState
 from llmgw.store import BusPeer
-from llmgw_scheduler import mirror_api, page, registry, releases_api
+from llmgw_scheduler import join_api, mirror_api, page, registry, releases_api
 
 _log = log.get("llmgw.scheduler.admin")
 
 # How long `llmgw logs` waits for the agent to answer.
 LOGS_WAIT_S = 5.0
 # The one place a refusal becomes an HTTP status; its code and message are the error's.
-STATUS = {NotFound: 404, Conflict: 409, Invalid: 400}
+STATUS = {NotFound: 404, Conflict: 409, Invalid: 400, TokenRefused: 403}
 
 
 def _status(e: Refused) -> int:
@@ -237,8 +238,8 @@ class Handler(BaseHTTPRequestHandler):
         if url.path in ("/", "/status"):
             return page.serve(self, url)  # for browsers: its own ways to authenticate
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
-        if mirror_api.node_get(self, parts):  # nodes, with their own credential
-            return
+        if mirror_api.node_get(self, parts) or join_api.public_get(self, parts):
+            return  # nodes, with their own credential or none
         if not self._authorised():
             return
         if parts == ["v1", "operators"]:
@@ -487,9 +488,11 @@ class Handler(BaseHTTPRequestHandler):
         self._error(404, "not_found", f"no such endpoint: DELETE {self.path}")
 
     def _post(self):
+        parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+        if join_api.public_post(self, parts):  # a node with a join token
+            return
         if not self._authorised(change=True):
             return
-        parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
         if parts == ["v1", "admin-token", "rotate"]:
             return self._rotate_token()  # this scheduler's own file: a standby's too
         if parts == ["v1", "scheduler-key", "rotate"]:
@@ -498,7 +501,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if parts == ["v1", "operators"]:
             return self._operators_add()
-        if any(api.post(self, parts) for api in (registry, releases_api, mirror_api)):
+        if any(api.post(self, parts) for api in (registry, releases_api, mirror_api, join_api)):
             return
         s = self.sched
         if parts == ["v1", "models"]:

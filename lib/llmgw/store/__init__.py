@@ -21,6 +21,7 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     BusPeer,
     ClusterSecret,
     DrainedNode,
+    JoinToken,
     Lease,
     MeasuredCapacity,
     MirroredWeights,

@@ -356,6 +356,21 @@ def m011_mirrored_weights(db: peewee.Database) -> None:
     )
 
 
+def m012_join_tokens(db: peewee.Database) -> None:
+    """One-time tokens a new node joins with (`llmgw nodes join-token`): only their
+    SHA-256 is kept, with the node they are for, their expiry and their use."""
+    run(
+        db,
+        """CREATE TABLE join_tokens (
+            token_hash VARCHAR(64) NOT NULL PRIMARY KEY,
+            node VARCHAR(100) NOT NULL,
+            created_at {DOUBLE} NOT NULL,
+            expires_at {DOUBLE} NOT NULL,
+            used_at {DOUBLE},
+            used_from VARCHAR(100))""",
+    )
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -368,6 +383,7 @@ MIGRATIONS = [
     m009_operators,
     m010_usage_row_id,
     m011_mirrored_weights,
+    m012_join_tokens,
 ]
 
 

@@ -252,6 +252,20 @@ class MirroredWeights(BaseModel):
         table_name = "mirrored_weights"
 
 
+class JoinToken(BaseModel):
+    """A one-time token for node NAME to join with (m012); only its SHA-256 is kept."""
+
+    token_hash = peewee.CharField(primary_key=True, max_length=64)
+    node = peewee.CharField(max_length=100)
+    created_at = peewee.DoubleField()
+    expires_at = peewee.DoubleField()
+    used_at = peewee.DoubleField(null=True)
+    used_from = peewee.CharField(max_length=100, null=True)  # the address it came from
+
+    class Meta:
+        table_name = "join_tokens"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,
@@ -268,4 +282,5 @@ ALL_MODELS = [
     SchedulerSeen,
     ReplicaIntent,
     MirroredWeights,
+    JoinToken,
 ]

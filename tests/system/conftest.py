@@ -352,6 +352,21 @@ def cluster(tmp_path):
 
 
 @pytest.fixture
+def tls_cluster(cluster):
+    """A cluster whose scheduler serves its admin API on HTTPS with a certificate from
+    the cluster CA (what join tokens and onboarding need), started without models."""
+    from tests.system.test_tls import certmon
+
+    pki = certmon(cluster.etc, "init-ca")
+    certmon(cluster.etc, "issue", "localhost", "--san", "127.0.0.1", "--san", "localhost")
+    cluster.scheduler_extra = (
+        f'admin_tls_cert = "{pki / "localhost.crt"}"\nadmin_tls_key = "{pki / "localhost.key"}"\n'
+    )
+    cluster.admin_scheme = "https"
+    return cluster
+
+
+@pytest.fixture
 def served(cluster, api_key):
     """A cluster serving model 'm' from node-a (node-b is too small for it)."""
     cluster.add_model("m", memory=GiB)

@@ -17,15 +17,9 @@ def ok(result) -> str:
 
 
 @pytest.fixture
-def tls_cluster(cluster):
-    pki = certmon(cluster.etc, "init-ca")
-    certmon(cluster.etc, "issue", "localhost", "--san", "127.0.0.1", "--san", "localhost")
-    cluster.scheduler_extra = (
-        f'admin_tls_cert = "{pki / "localhost.crt"}"\nadmin_tls_key = "{pki / "localhost.key"}"\n'
-    )
-    cluster.admin_scheme = "https"
-    cluster.start_scheduler()
-    return cluster
+def tls_cluster(tls_cluster):
+    tls_cluster.start_scheduler()
+    return tls_cluster
 
 
 def token_for(cluster, name: str, ttl: str = "1h") -> dict:

@@ -41,6 +41,10 @@ class Admin:
         with open(file, "rb") as f:
             return self._call("POST", path, data=f, timeout_s=timeout_s)
 
+    def download(self, path: str, timeout_s: float = 120.0) -> bytes:
+        """GET raw bytes (a release's wheel)."""
+        return self._request("GET", path, None, None, None, timeout_s).content
+
     def stream(self, path: str, body: dict):
         """POST, then yield each JSON line of the answer as it comes (a long pull)."""
         r = self._request("POST", path, None, body, None, (TIMEOUT_S, None), stream=True)

@@ -8,6 +8,7 @@ from urllib.parse import quote
 import click
 
 from llmgw import apikeys, audit, peers
+from llmgw_ctl import onboard
 from llmgw_ctl.api import actor, client
 from llmgw_ctl.common import pass_state, print_json, print_table, when
 from llmgw_ctl.status import print_nodes
@@ -175,6 +176,88 @@ def nodes_join_token(state, name, ttl, as_json):
         return print_json(out)
     click.echo(out["command"])
     click.echo(f"works once, until {when(out['expires_at'])}", err=True)
+
+
+@nodes.command("onboard")
+@click.argument("name")
+@click.option(
+    "--ssh",
+    "target",
+    required=True,
+    metavar="[USER@]HOST[:PORT]",
+    help="Where to install, with the system's ssh (BatchMode: no prompts).",
+)
+@click.option(
+    "--identity",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The ssh private key to use.",
+)
+@click.option(
+    "-o",
+    "ssh_options",
+    multiple=True,
+    metavar="OPTION",
+    help="An ssh -o option, e.g. UserKnownHostsFile=FILE (repeatable).",
+)
+@click.option(
+    "--venv",
+    default="/opt/llmgw/venv",
+    show_default=True,
+    help="The virtual environment on the node.",
+)
+@click.option(
+    "--node-config",
+    default="/etc/llmgw/llmgw.toml",
+    show_default=True,
+    help="The node's config file.",
+)
+@click.option(
+    "--state-dir", default="/var/lib/llmgw", show_default=True, help="The node's paths.state_dir."
+)
+@click.option(
+    "--python", default="python3", show_default=True, help="The node's Python (3.11 or newer)."
+)
+@click.option(
+    "--set",
+    "agent_set",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An [agent] key for a new node, as TOML (repeatable): --set 'port_min=9100'.",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the node's hello.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the node as JSON.")
+@pass_state
+def nodes_onboard(state, name, target, identity, ssh_options, venv, node_config, state_dir,
+                  python, agent_set, wait_s, as_json):  # fmt: skip
+    """Make HOST node NAME over SSH: install the newest release (`llmgw release list`)
+    into a venv there, join with a one-time token, start the agent (a systemd unit where
+    systemd runs) and wait for its hello. On a failure nothing stays registered.
+
+    Onboarding a registered node again upgrades it to the newest release: one node,
+    its engines left running across the agent's restart.
+
+    Needs ssh access as a user who may write the paths (root for the defaults) and
+    the admin API on HTTPS with the cluster CA (as join tokens do).
+
+    \b
+    Examples:
+      llmgw nodes onboard gpu-07 --ssh root@10.0.0.7
+      llmgw nodes onboard gpu-08 --ssh admin@gpu-08:2222 --identity ~/.ssh/fleet
+    """
+    remote = onboard.Remote.parse(target, identity, ssh_options)
+    layout = onboard.Layout(venv, node_config, state_dir, python)
+    say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
+    node = onboard.onboard(client(state), remote, layout, name, agent_set, wait_s, say)
+    if as_json:
+        return print_json(node)
+    verb = "upgraded" if node["upgraded"] else "onboarded"
+    click.echo(f"{verb}: {name} runs llmgw {node['version']} ({node['onboard_s']}s)", err=True)
 
 
 @nodes.command("remove")

@@ -48,7 +48,35 @@ def _add(state, name: str, kind: str, as_json: bool, direct: bool, out: Path | N
     )
 
 
-def _remove(state, name: str, kind: str, force: bool, direct: bool, as_json: bool) -> None:
+def _drain_first(state, name: str, wait_s: float, quiet: bool) -> None:
+    """Drain NAME and wait until none of its replicas is left (each is stopped once its
+    model has enough ready replicas elsewhere, or after scheduler.drain_grace_s)."""
+    api = client(state)
+
+    def mine() -> list[str]:
+        return [r["id"] for r in api.get("/v1/replicas") if r["node"] == name]
+
+    if not any(p["name"] == name for p in api.get("/v1/peers", kind="agent")):
+        return  # not registered: the removal says so
+    left = mine()
+    if not left:
+        return
+    api.post(f"/v1/nodes/{quote(name, safe='')}/drain")
+    if not quiet:
+        click.echo(f"draining {name}: waiting for its {len(left)} replica(s) to stop", err=True)
+    deadline = time.monotonic() + wait_s
+    while left:
+        if time.monotonic() > deadline:
+            raise click.ClickException(
+                f"{name} still has {len(left)} replica(s) after {wait_s:g}s of draining"
+                f" ({', '.join(left[:5])}): wait longer (--wait), or --force to cut it off"
+            )
+        time.sleep(0.5)
+        left = mine()
+
+
+def _remove(state, name: str, kind: str, force: bool, direct: bool, as_json: bool,
+            wait_s: float = 0.0) -> None:  # fmt: skip
     """Delete the peer and revoke its key: the bus refuses it from its next handshake,
     and (on the scheduler that handled it) its messages from now on."""
     group = "nodes" if kind == "agent" else "routers"
@@ -66,6 +94,8 @@ def _remove(state, name: str, kind: str, force: bool, direct: bool, as_json: boo
             raise click.ClickException(str(e)) from None
         audit.record(f"{group}.remove", actor(), "local", name)
     else:
+        if kind == "agent" and not force:
+            _drain_first(state, name, wait_s, as_json)
         query = f"?kind={kind}" + ("&force=1" if force else "")
         peer = client(state).delete(f"/v1/peers/{quote(name, safe='')}{query}")
     if as_json:
@@ -262,19 +292,28 @@ def nodes_onboard(state, name, target, identity, ssh_options, venv, node_config,
 
 @nodes.command("remove")
 @remove_options
-@click.option("--force", is_flag=True, help="Even if it still has replicas (they are cut off).")
+@click.option("--force", is_flag=True, help="At once, with its replicas (they are cut off).")
+@click.option(
+    "--wait",
+    "wait_s",
+    default=900.0,
+    show_default=True,
+    help="Seconds to wait for its replicas to drain away.",
+)
 @pass_state
-def nodes_remove(state, name, as_json, direct, force):
-    """Forget NAME and revoke its CURVE key: its agent is refused from now on.
+def nodes_remove(state, name, as_json, direct, force, wait_s):
+    """Drain NAME, then forget it and revoke its CURVE key: its agent is refused from
+    now on.
 
-    A node that still has replicas is refused unless --force: drain it first.
+    Draining stops each of its replicas once its model has enough ready replicas
+    elsewhere (or after scheduler.drain_grace_s); --force cuts the node off at once.
 
     \b
     Examples:
-      llmgw drain gpu-01 && llmgw nodes remove gpu-01
+      llmgw nodes remove gpu-01
       llmgw nodes remove gpu-01 --force
     """
-    _remove(state, name, "agent", force, direct, as_json)
+    _remove(state, name, "agent", force, direct, as_json, wait_s)
 
 
 @nodes.command("list")

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 export LLMGW_CACHE ?= $(HOME)/.cache/llmgw
 
-.PHONY: install engine demo test test-fast chaos lint format bench docs clean
+.PHONY: install engine demo test test-fast chaos lint format bench docs release clean
 
 install: $(VENV)/.installed
 
@@ -50,7 +50,13 @@ bench: install
 	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS))
 	$(BIN)/python bench/scheduler.py
 	$(BIN)/python bench/cold_start.py
+	$(BIN)/python bench/mirror.py
 	$(if $(LLMGW_TEST_POSTGRES),$(BIN)/python bench/failover.py,@echo "bench/failover.py skipped: set LLMGW_TEST_POSTGRES")
+
+# The wheel and sdist of llmgw.__version__ into dist/, with release notes from
+# CHANGELOG.md's "## Unreleased"; then `llmgw release publish dist/llmgw-VERSION-*.whl`.
+release: install
+	$(BIN)/python scripts/release.py --outdir dist
 
 clean:
 	rm -rf var .pytest_cache

@@ -91,16 +91,20 @@ class Fleet:
     # -- what agents say ---------------------------------------------------------------
 
     def heartbeat(self, node: str, memory: int = 8 * GiB, gpus: list | None = None,
-                  kind: str = "heartbeat") -> None:  # fmt: skip
+                  kind: str = "heartbeat", disk_free: int = 0,
+                  weights: list | None = None) -> None:  # fmt: skip
         body = {
             "resources": {
                 "cpus": 4,
                 "memory_total": 16 * GiB,
                 "memory_available": memory,
                 "gpus": gpus or [],
+                "disk_total": 1000 * GiB if disk_free else 0,
+                "disk_free": disk_free,
             },  # fmt: skip
             "engines": {"llama.cpp-0.3.36": {"state": "installed", "reason": ""}},
             "shards": list(self.shards.get(node, {}).values()),
+            "weights": weights or [],
         }
         self._say(node, kind, body)
 

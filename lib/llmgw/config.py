@@ -144,6 +144,12 @@ class SchedulerConfig:
     renew_s: float = 5.0
     step_down_s: float = 10.0
     standby_retry_s: float = 2.0
+    # Published llmgw wheels (`llmgw release publish`), which onboarding and upgrades
+    # install on nodes; empty: <paths.state_dir>/releases.
+    release_dir: str = ""
+    # The weights mirror (`llmgw weights pull`): files by sha256, served to registered
+    # nodes over the admin API; empty: <paths.state_dir>/mirror.
+    mirror_dir: str = ""
 
 
 @dataclass
@@ -175,6 +181,9 @@ class AgentConfig:
     memory_bytes: int = 0
     gpus: int = -1
     log_lines: int = 500
+    # Weights this node keeps in <state_dir>/weights, at most (0: no bound). Past it the
+    # least recently used are deleted, never those of a starting or running shard.
+    weights_max_bytes: int = 0
     # Finished engine builds are looked for here before building (~/.cache/llmgw/engines).
     engine_cache: str = ""
     engines: list[EngineConfig] = field(default_factory=list)
@@ -285,6 +294,20 @@ class Config:
         if self.router.usage_spool_dir:
             return self.file(self.router.usage_spool_dir)
         return Path(self.paths.state_dir).absolute() / "usage-spool"
+
+    def release_dir(self) -> Path:
+        """The control plane's releases: scheduler.release_dir (relative to this file),
+        else releases in paths.state_dir."""
+        if self.scheduler.release_dir:
+            return self.file(self.scheduler.release_dir)
+        return Path(self.paths.state_dir).absolute() / "releases"
+
+    def mirror_dir(self) -> Path:
+        """The weights mirror: scheduler.mirror_dir (relative to this file), else mirror
+        in paths.state_dir."""
+        if self.scheduler.mirror_dir:
+            return self.file(self.scheduler.mirror_dir)
+        return Path(self.paths.state_dir).absolute() / "mirror"
 
     def curve_dir(self) -> Path:
         return Path(self.paths.config_dir) / "pki" / "curve"

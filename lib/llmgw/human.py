@@ -19,3 +19,13 @@ def age(ts: float | None, now: float) -> str:
         if s >= per:
             return f"{s // per}{unit}"
     return f"{s}s"
+
+
+def size(n: int | None) -> str:
+    """Bytes as people read them, at any scale: 512 B, 3.2 MiB, 4.1 GiB; '-' for none."""
+    if n is None:
+        return "-"
+    for unit, per in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= per:
+            return f"{n / per:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{n} B"

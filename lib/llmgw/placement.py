@@ -34,6 +34,8 @@ class Need:
     memory: int  # bytes of host memory; for gpus > 0, bytes free on each of its GPUs
     gpus: int  # 0: runs on CPU
     engine: str  # engine id, e.g. "llama.cpp-0.3.36"
+    disk: int = 0  # bytes of weights a node must fetch (0: not known)
+    weights: str = ""  # their content id: a node that has them needs no disk
 
 
 @dataclass
@@ -46,6 +48,18 @@ class NodeView:
     # engine id -> "installed" | "installing" | "failed: <reason>"; absent: installable
     engines: dict[str, str] = field(default_factory=dict)
     replicas: dict[str, int] = field(default_factory=dict)  # model -> replicas on this node
+    disk_free: int = 0  # bytes free where the agent keeps weights (0: not reported)
+    weights: frozenset = frozenset()  # content ids of the weights it has
+
+
+def short_of_disk(need: Need, node: NodeView) -> bool:
+    """The node would have to fetch the weights and has not the room for them."""
+    return bool(need.disk and node.disk_free and node.disk_free < need.disk
+                and need.weights not in node.weights)  # fmt: skip
+
+
+def disk_words(need: Need, node: NodeView) -> str:
+    return f"needs {size(need.disk)} of disk for its weights, {size(node.disk_free)} free"
 
 
 class Reasons(Mapping):
@@ -114,6 +128,8 @@ def why_not(need: Need, node: NodeView) -> str | None:
             reason = state.partition(":")[2].strip() or "no reason given"
             return f"{words} failed to install: {reason}"
         return f"{words} is {state}"
+    if short_of_disk(need, node):
+        return disk_words(need, node)
     k = gpus_needed(need)
     if k:
         have = len(node.gpus_free)
@@ -177,8 +193,10 @@ class _Index:
             rows[tier].append(-key * width + rank[node.id])
         self.rows = [SortedList(row) for row in rows]
 
-    def _first(self, row: SortedList, memory: int, counts: dict[str, int]) -> str | None:
-        """The node with most free memory, at least `memory`, and no replica of the model."""
+    def _first(self, row: SortedList, memory: int, counts: dict[str, int],
+               skip: frozenset) -> str | None:  # fmt: skip
+        """The node with most free memory, at least `memory`, no replica of the model, and
+        not in `skip`."""
         ids, width, fleet, k = self.ids, self.width, self.fleet, self.k
         while True:
             for entry in row:
@@ -192,21 +210,23 @@ class _Index:
                     if now >= 0:
                         row.add(-now * width + entry % width)
                     break
-                if not counts.get(node):
+                if not counts.get(node) and node not in skip:
                     return node
             else:
                 return None
 
-    def best(self, memory: int, counts: dict[str, int]) -> tuple[str, int] | None:
-        """(node, tier) of the best fit for `memory`, given replicas of the model per node."""
+    def best(self, memory: int, counts: dict[str, int],
+             skip: frozenset = frozenset()) -> tuple[str, int] | None:  # fmt: skip
+        """(node, tier) of the best fit for `memory`, given replicas of the model per node,
+        never one of `skip` (nodes short of disk for this need)."""
         for tier, row in enumerate(self.rows):
-            node = self._first(row, memory, counts)
+            node = self._first(row, memory, counts, skip)
             if node is not None:
                 return node, tier
             # Every fitting node already has some: fewest, then most free memory, then id.
             best = None
             for node, c in counts.items():
-                if not c or self.tier.get(node) != tier:
+                if not c or self.tier.get(node) != tier or node in skip:
                     continue
                 free = self.fleet.key(node, self.k)
                 if free < memory:
@@ -259,7 +279,10 @@ class Fleet:
         ix = self._indexes.get((need.engine, k))
         if ix is None:
             ix = self._indexes[(need.engine, k)] = _Index(self, need.engine, k)
-        found = ix.best(need.memory, self.replicas.get(need.model, {}))
+        skip = frozenset()
+        if need.disk:  # rare enough (a model with mirrored weights) to look at each node
+            skip = frozenset(n.id for n in self.usable if short_of_disk(need, n))
+        found = ix.best(need.memory, self.replicas.get(need.model, {}), skip)
         if found is None:
             return Placement(None, reasons=self.reasons(need))
         node, tier = found
@@ -267,7 +290,7 @@ class Fleet:
 
     def reasons(self, need: Need) -> Reasons:
         """Why not, for every node that cannot take `need` now (worked out when read)."""
-        key = (need.engine, need.memory, need.gpus)
+        key = (need.engine, need.memory, need.gpus, need.disk, need.weights)
         reasons = self._reasons.get(key)
         if reasons is None:
             at = len(self._log)
@@ -298,6 +321,10 @@ class Fleet:
                 if node.lost or node.draining or _tier(node.engines.get(need.engine)) is None:
                     out[node.id] = why_not(need, node)
         out = dict(out)
+        if need.disk:
+            for node in self.usable:
+                if node.id not in out and short_of_disk(need, node):
+                    out[node.id] = disk_words(need, node)
         k = gpus_needed(need)
         if k == 0:
             want, sizes = size(need.memory), {}
@@ -351,7 +378,7 @@ def _booked(node: NodeView, memory: dict, gpus: dict) -> NodeView:
     if memory[node.id] == node.memory_free and free == node.gpus_free:
         return node
     return NodeView(node.id, node.lost, node.draining, memory[node.id], free,
-                    node.engines, node.replicas)  # fmt: skip
+                    node.engines, node.replicas, node.disk_free, node.weights)  # fmt: skip
 
 
 def place(need: Need, nodes: list[NodeView], explain: bool = False) -> Placement:

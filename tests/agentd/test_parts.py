@@ -96,7 +96,13 @@ def test_memory_and_gpus_are_read_as_bytes():
 def test_a_memory_override_is_shared_by_what_the_shards_use():
     res = Resources(AgentConfig(memory_bytes=1000, cpus=3, gpus=0))
     snap = res.snapshot(shard_rss=300)
-    assert snap == {"cpus": 3, "memory_total": 1000, "memory_available": 700, "gpus": []}
+    assert snap == {"cpus": 3, "memory_total": 1000, "memory_available": 700, "gpus": [],
+                    "disk_total": 0, "disk_free": 0}  # fmt: skip
+
+
+def test_the_disk_under_the_state_directory_is_reported(tmp_path):
+    snap = Resources(AgentConfig(gpus=0), disk=tmp_path).snapshot()
+    assert 0 < snap["disk_free"] <= snap["disk_total"]
 
 
 def _sha(data: bytes) -> str:

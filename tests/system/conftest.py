@@ -50,6 +50,7 @@ class Cluster:
         self.lease = "lease_s = 3.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
         self.admin_scheme = "http"
         self.scheduler_extra = ""  # more [scheduler] lines, e.g. for TLS
+        self.scheduler_env: dict[str, str] = {}  # e.g. REQUESTS_CA_BUNDLE for a source
         self.models: list[dict] = []
         self.scheduler: Proc | None = None
         self.agents: dict[str, Proc] = {}
@@ -112,6 +113,7 @@ class Cluster:
         version: str = "1",
         profile: str = "",
         keep_alive: float = 300.0,
+        sha256: str = "",
     ) -> None:
         """A model for the fake engine, unless `engine`, `source` and `profile` (TOML lines
         for [models.profile]) say otherwise."""
@@ -126,6 +128,7 @@ class Cluster:
                 "version": version,
                 "profile": profile,
                 "keep_alive": keep_alive,
+                "sha256": sha256,
             }
         )
 
@@ -137,7 +140,8 @@ class Cluster:
             memory = f"memory_bytes = {m['memory']}\n" if m["memory"] else ""
             out.append(
                 f'[[models]]\nname = "{m["name"]}"\nsource = "{m["source"] or weights}"\n'
-                f'engine = "{m["engine"]}"\nengine_version = "{m["version"]}"\n'
+                + (f'sha256 = "{m["sha256"]}"\n' if m["sha256"] else "")
+                + f'engine = "{m["engine"]}"\nengine_version = "{m["version"]}"\n'
                 f"[models.profile]\n{memory}{m['profile']}"
                 f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"
                 f"keep_alive_s = {m['keep_alive']}\n"
@@ -167,6 +171,7 @@ class Cluster:
         proc = Proc(
             [str(BIN / "llmgw-scheduler"), "--config", str(cfg)],
             self.tmp / f"scheduler{suffix}.log",
+            env=self.scheduler_env,
             health=f"http://127.0.0.1:{ports['metrics']}/metrics",
         )
         proc.wait_healthy()
@@ -256,11 +261,14 @@ class Cluster:
         """GET the admin API's JSON (fast enough to poll, unlike running `llmgw`)."""
         token = (self.etc / "secrets" / "admin.token").read_text().strip()
         port = self.sched_ports[scheduler]["admin"]
+        # https: verified by the cluster CA where certmon made one (verify=False warns).
+        ca = self.etc / "pki" / "ca.crt"
+        verify = True if self.admin_scheme == "http" else str(ca) if ca.exists() else False
         r = requests.get(
             f"{self.admin_scheme}://127.0.0.1:{port}{path}",
             headers={"Authorization": f"Bearer {token}"},
             timeout=5,
-            verify=False if self.admin_scheme == "https" else True,
+            verify=verify,
         )
         r.raise_for_status()
         return r.json()
@@ -341,6 +349,21 @@ def cluster(tmp_path):
     c = Cluster(tmp_path)
     yield c
     c.stop()
+
+
+@pytest.fixture
+def tls_cluster(cluster):
+    """A cluster whose scheduler serves its admin API on HTTPS with a certificate from
+    the cluster CA (what join tokens and onboarding need), started without models."""
+    from tests.system.test_tls import certmon
+
+    pki = certmon(cluster.etc, "init-ca")
+    certmon(cluster.etc, "issue", "localhost", "--san", "127.0.0.1", "--san", "localhost")
+    cluster.scheduler_extra = (
+        f'admin_tls_cert = "{pki / "localhost.crt"}"\nadmin_tls_key = "{pki / "localhost.key"}"\n'
+    )
+    cluster.admin_scheme = "https"
+    return cluster
 
 
 @pytest.fixture

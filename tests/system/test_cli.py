@@ -16,6 +16,10 @@ NODE_KEYS = {
     "engines",
     "replicas",
     "last_seen",
+    "version",
+    "disk_total",
+    "disk_free",
+    "fetching",
 }
 MODEL_KEYS = {
     "name",

@@ -52,12 +52,13 @@ def test_an_agent_with_another_nodes_key_is_told_so_once_and_the_scheduler_says_
     assert agent.log().count("scheduler_refused") == 1
 
 
-def test_a_node_with_replicas_is_not_removed_without_force_and_once_removed_is_refused(served):
+def test_a_node_whose_replicas_cannot_drain_away_is_not_removed_without_force(served):
     cluster = served
-    result = cluster.ctl("nodes", "remove", "node-a")
+    # node-b is too small for m: draining node-a moves nothing within the wait.
+    result = cluster.ctl("nodes", "remove", "node-a", "--wait", "2")
     assert result.returncode == 1
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert "still has 1 replica(s)" in result.stderr and "--force" in result.stderr
+    (line,) = [x for x in result.stderr.strip().splitlines() if not x.startswith("draining")]
+    assert "still has 1 replica(s) after 2s of draining" in line and "--force" in line
     assert "node-a" in [p["name"] for p in cluster.admin("/v1/peers?kind=agent")]
 
     result = cluster.ctl("nodes", "remove", "node-a", "--force")
@@ -93,3 +94,26 @@ def test_a_removed_router_is_refused_at_its_next_connection(served):
                what="the restarted router to be refused")  # fmt: skip
     assert "key not registered" in again.log()
     assert "peer_refused" in cluster.scheduler.log()
+
+
+def test_removing_a_node_drains_it_first_then_its_key_is_refused(cluster, api_key):
+    cluster.add_model("m", memory=GiB)
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)
+    cluster.start_router(api_key[1])
+    eventually(lambda: cluster.serves("m"), timeout=30, what="model m to be served")
+    cluster.start_agent("node-c", memory=2 * GiB)
+    up = lambda: any(n["name"] == "node-c" and n["state"] == "up"  # noqa: E731
+                     for n in cluster.admin("/v1/nodes"))  # fmt: skip
+    eventually(up, timeout=20, what="node-c to say hello")
+    result = cluster.ctl("nodes", "remove", "node-a", "--wait", "60")
+    assert result.returncode == 0, result.stderr
+    assert "draining node-a" in result.stderr
+    (r,) = cluster.admin("/v1/replicas")
+    assert (r["node"], r["state"]) == ("node-c", "ready")
+    assert cluster.serves("m")
+    assert "node-a" not in [p["name"] for p in cluster.admin("/v1/peers?kind=agent")]
+    eventually(lambda: "key removed from the control plane" in cluster.agents["node-a"].log(),
+               timeout=10, what="node-a to hear it was removed")  # fmt: skip
+    actions = [e["action"] for e in cluster.admin("/v1/audit")]
+    assert actions.index("nodes.drain") < actions.index("nodes.remove")

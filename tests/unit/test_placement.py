@@ -257,3 +257,28 @@ def test_a_mixed_pass_over_several_engines_agrees_with_a_plain_scan_of_every_nod
             fit = [i for i, g in enumerate(gpus[best.id]) if g >= need.memory][:k]
             gpus[best.id] = [g for i, g in enumerate(gpus[best.id]) if i not in fit]
     assert 30 < placed < len(needs)
+
+
+def test_a_node_without_disk_for_the_weights_is_passed_over_with_the_reason():
+    need = Need("m", GiB, 0, LLAMA, disk=4 * GiB, weights="c1")
+    small, big = node("a", gib=16, disk_free=GiB), node("b", gib=2, disk_free=100 * GiB)
+    p = place(need, [small, big], explain=True)
+    assert p.node == "b"
+    assert p.reasons["a"] == "needs 4 GiB of disk for its weights, 1 GiB free"
+    nowhere = place(need, [small])
+    assert nowhere.node is None
+    assert nowhere.reasons["a"] == "needs 4 GiB of disk for its weights, 1 GiB free"
+
+
+def test_a_node_that_has_the_weights_or_says_nothing_of_its_disk_needs_no_room():
+    need = Need("m", GiB, 0, LLAMA, disk=4 * GiB, weights="c1")
+    assert place(need, [node("a", disk_free=GiB, weights=frozenset({"c1"}))]).node == "a"
+    assert place(need, [node("a")]).node == "a"  # an agent that does not report disk
+    assert why_not(need, node("a", disk_free=GiB, weights=frozenset({"c2"}))) is not None
+
+
+def test_disk_counts_when_every_fitting_node_already_has_a_replica():
+    need = Need("m", GiB, 0, LLAMA, disk=4 * GiB, weights="c1")
+    fleet = Fleet([node("a", gib=16, disk_free=GiB, replicas={"m": 1}),
+                   node("b", gib=4, disk_free=50 * GiB, replicas={"m": 2})])  # fmt: skip
+    assert fleet.place(need).node == "b"

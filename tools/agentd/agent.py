@@ -20,7 +20,7 @@ from pathlib import Path
 
 import zmq
 
-from llmgw import bus, log
+from llmgw import __version__, bus, log
 from llmgw.config import Config
 from llmgw.states import MsgType
 from llmgw_agentd import metrics
@@ -37,6 +37,13 @@ POLL_MS = 100
 # before `llmgw nodes add` registered it would never get in. A fresh socket tries again.
 RECONNECT_S = 5.0
 CONNECT_GRACE_S = 2.0
+
+
+def _ca(cfg: Config):
+    """What the mirror's https is verified against: the cluster CA where this node has
+    it (<config_dir>/pki/ca.crt), else the system's CAs."""
+    ca = cfg.ca_file()
+    return str(ca) if ca.exists() else True
 
 
 def read_epoch(path: Path) -> int:
@@ -89,12 +96,13 @@ class Agent:
         state_dir = Path(cfg.paths.state_dir)
         remove_partial(state_dir)
         self.events: queue.SimpleQueue[tuple[str, dict]] = queue.SimpleQueue()
-        self.resources = Resources(cfg.agent)
+        self.resources = Resources(cfg.agent, disk=state_dir)
         self.installer = Installer(
             cfg.agent, state_dir, lambda: bool(self.resources.gpus()), self._on_install
         )
         self.supervisor = Supervisor(
-            cfg.agent, state_dir, self.installer, Weights(state_dir), self._on_shard,
+            cfg.agent, state_dir, self.installer, Weights(state_dir, verify=_ca(cfg)),
+            self._on_shard,
             start_timeout_s=getattr(cfg.agent, "start_timeout_s", START_TIMEOUT_S),
         )  # fmt: skip
         # The newest leader epoch seen, kept on disk: a restarted agent must still refuse
@@ -121,9 +129,12 @@ class Agent:
         shards = self.supervisor.report()
         return {
             "node": self.name,
+            "version": __version__,
             "resources": self.resources.snapshot(self.supervisor.rss_total()),
             "engines": self.installer.report(),
             "shards": shards,
+            "fetching": self.supervisor.weights.fetching(),
+            "weights": self.supervisor.weights.cached(),
         }
 
     def _send(self, link: Link, kind: str, body: dict) -> bool:

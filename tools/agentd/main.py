@@ -1,6 +1,7 @@
 """llmgw-agentd's command line."""
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -13,26 +14,59 @@ from prometheus_client import start_http_server
 from llmgw import bus, cli, dirs, log
 from llmgw import config as configmod
 from llmgw.errors import Error
+from llmgw_agentd import join
 from llmgw_agentd.agent import Agent
 
 _log = log.get("llmgw.agentd")
 
 
-@click.command(context_settings=cli.CONTEXT)
+@click.group(context_settings=cli.CONTEXT, invoke_without_command=True)
 @cli.config_option
 @cli.version_option
-def main(config_path):
+@click.pass_context
+def main(ctx, config_path):
     """Run this node's engines for the scheduler: one agent per node.
 
     Reports CPUs, memory and GPUs, installs engines, fetches weights, starts and
     stops engine processes. Engines outlive the agent: after a restart it adopts
-    the ones still running.
+    the ones still running. `join` makes this node one of the fleet first.
 
     \b
     Examples:
       llmgw-agentd --config /etc/llmgw/llmgw.toml
       LLMGW_CONFIG=./var/llmgw.toml llmgw-agentd
+      llmgw-agentd join https://cp1:8081 llmgw-join-… --ca-sha256 3f9a…
     """
+    ctx.obj = config_path
+    if ctx.invoked_subcommand is None:
+        serve(config_path)
+
+
+@main.command("join")
+@click.argument("url")
+@click.argument("token")
+@click.option(
+    "--ca-sha256",
+    required=True,
+    metavar="FP",
+    help="The cluster CA's fingerprint, as `llmgw nodes join-token` printed it.",
+)
+@click.pass_obj
+def join_command(config_path, url, token, ca_sha256):
+    """Join the fleet at URL (the scheduler's admin API, https) with a one-time TOKEN
+    from `llmgw nodes join-token NAME`: check the CA, make this node's keypair, register
+    it, and write the keys and (if there is none) the config naming this node."""
+    file = Path(config_path or os.environ.get("LLMGW_CONFIG") or configmod.DEFAULT_PATH)
+    try:
+        cfg = configmod.load(config_path)
+        name = join.run(cfg, file, url, token, ca_sha256)
+    except Error as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"joined as {name}: start llmgw-agentd (systemctl enable --now llmgw-agentd)",
+               err=True)  # fmt: skip
+
+
+def serve(config_path) -> None:
     try:
         cfg = configmod.load(config_path)
         name = cfg.agent.name or socket.gethostname()

@@ -56,9 +56,11 @@ def parse_gpus(text: str) -> list[dict]:
 
 
 class Resources:
-    def __init__(self, cfg: AgentConfig, meminfo: Path = Path("/proc/meminfo")):
+    def __init__(self, cfg: AgentConfig, meminfo: Path = Path("/proc/meminfo"),
+                 disk: Path | None = None):  # fmt: skip
         self.cfg = cfg
         self.meminfo = meminfo
+        self.disk = disk  # the state directory: where weights and engines go
         self._gpus: list[dict] = []
         self._gpus_at = -GPU_CACHE_S
         self._gpu_error = ""
@@ -105,4 +107,13 @@ class Resources:
             "memory_total": total,
             "memory_available": available,
             "gpus": self.gpus(),
+            **self.disk_usage(),
         }
+
+    def disk_usage(self) -> dict:
+        """disk_total and disk_free of the state directory's file system (0: unknown)."""
+        try:
+            usage = shutil.disk_usage(self.disk) if self.disk else None
+        except OSError:
+            usage = None
+        return {"disk_total": usage.total if usage else 0, "disk_free": usage.free if usage else 0}

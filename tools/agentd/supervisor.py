@@ -31,7 +31,7 @@ from llmgw.states import ShardState
 from llmgw_agentd import process
 from llmgw_agentd.engines import Installer, Launch, tail_lines
 from llmgw_agentd.errors import AgentError
-from llmgw_agentd.weights import Weights
+from llmgw_agentd.weights import Weights, entry_keys
 
 _log = log.get("llmgw.agentd.supervisor")
 
@@ -74,6 +74,7 @@ class Shard:
     done: bool = False
     lines: deque = field(default_factory=deque, repr=False)
     log_offset: int = 0
+    weights: list = field(default_factory=list)  # cache entries it uses (never evicted)
 
     def to_json(self) -> dict:
         return {
@@ -87,6 +88,7 @@ class Shard:
             "id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
             "pid": self.pid, "create_time": self.started, "port": self.port,
             "endpoint": self.endpoint, "health": self.health, "started_at": self.started_at,
+            "weights": self.weights,
         }  # fmt: skip
 
 
@@ -230,7 +232,10 @@ class Supervisor:
         if missing:
             raise AgentError(f"start_shard lacks {', '.join(missing)}")
         name, version = str(req["engine"]), str(req["engine_version"])
-        model_path = self.weights.fetch(str(req["source"]), str(req.get("sha256") or ""))
+        source, sha256, mirror = str(req["source"]), str(req.get("sha256") or ""), req.get("mirror")
+        shard.weights = entry_keys(source, sha256, mirror)
+        model_path = self.weights.fetch(source, sha256, mirror)
+        self._evict()
         self.installer.ensure(name, version)
         self.dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
@@ -270,6 +275,15 @@ class Supervisor:
             self._write_state(shard)
         _log.info("shard_process_started", shard=shard.id, pid=proc.pid, port=port, command=argv[0])
         return proc
+
+    def _evict(self) -> None:
+        """Keep the weights cache within agent.weights_max_bytes, sparing every entry a
+        shard that is not done uses (a starting one's included)."""
+        limit = self.cfg.weights_max_bytes
+        if limit > 0:
+            with self._lock:
+                keep = {k for s in self.shards.values() if not s.done for k in s.weights}
+            self.weights.evict(limit, keep)
 
     def _free_port(self) -> int:
         used = {s.port for s in self.shards.values() if not s.done}
@@ -388,6 +402,7 @@ class Supervisor:
                     port=int(data["port"]), endpoint=str(data["endpoint"]),
                     health=str(data.get("health", "/health")),
                     started_at=float(data.get("started_at", 0)),
+                    weights=[str(k) for k in data.get("weights", [])],
                 )  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError) as e:
                 _log.warning("bad_state_file", file=file, reason=e)

@@ -1,6 +1,7 @@
 """The scheduler's admin API, as `llmgw` calls it: where it is, its token, one-line errors."""
 
 import getpass
+import json
 import os
 import socket
 from pathlib import Path
@@ -35,16 +36,53 @@ class Admin:
     def delete(self, path: str):
         return self._call("DELETE", path)
 
-    def _call(self, method: str, path: str, params: dict | None = None, body=None):
+    def upload(self, path: str, file: Path, timeout_s: float = 120.0):
+        """POST a file's bytes (a wheel) as the body."""
+        with open(file, "rb") as f:
+            return self._call("POST", path, data=f, timeout_s=timeout_s)
+
+    def download(self, path: str, timeout_s: float = 120.0) -> bytes:
+        """GET raw bytes (a release's wheel)."""
+        return self._request("GET", path, None, None, None, timeout_s).content
+
+    def stream(self, path: str, body: dict):
+        """POST, then yield each JSON line of the answer as it comes (a long pull)."""
+        r = self._request("POST", path, None, body, None, (TIMEOUT_S, None), stream=True)
+        with r:
+            try:
+                for line in r.iter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+            except (requests.RequestException, ValueError) as e:
+                raise click.ClickException(
+                    f"the scheduler at {self.url} stopped answering {path} midway: {e}"
+                ) from None
+
+    def _call(self, method, path, params=None, body=None, data=None, timeout_s=TIMEOUT_S):
+        r = self._request(method, path, params, body, data, timeout_s)
+        try:
+            return r.json()
+        except ValueError:
+            raise click.ClickException(
+                f"{self.url} answered {method} {path} with HTTP {r.status_code} and no JSON:"
+                f" is it llmgw-scheduler's admin API? ({HINT})"
+            ) from None
+
+    def _request(self, method, path, params, body, data, timeout_s, stream=False):
+        headers = {"Authorization": f"Bearer {self.token}", "X-Llmgw-Actor": actor()}
+        if data is not None:
+            headers["Content-Type"] = "application/octet-stream"
         try:
             r = requests.request(
                 method,
                 self.url + path,
                 params=params,
                 json=body,
-                headers={"Authorization": f"Bearer {self.token}", "X-Llmgw-Actor": actor()},
+                data=data,
+                headers=headers,
                 verify=self.verify,
-                timeout=TIMEOUT_S,
+                timeout=timeout_s,
+                stream=stream,
             )
         except requests.RequestException as e:
             raise click.ClickException(
@@ -59,13 +97,7 @@ class Admin:
             )
         if r.status_code >= 400:
             raise click.ClickException(error_message(r))
-        try:
-            return r.json()
-        except ValueError:
-            raise click.ClickException(
-                f"{self.url} answered {method} {path} with HTTP {r.status_code} and no JSON:"
-                f" is it llmgw-scheduler's admin API? ({HINT})"
-            ) from None
+        return r
 
 
 def actor() -> str:

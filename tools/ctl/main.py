@@ -13,11 +13,13 @@ from llmgw_ctl.limits import budgets, limits
 from llmgw_ctl.logs import logs
 from llmgw_ctl.nodes import nodes, routers
 from llmgw_ctl.operators import admin_token, operators
+from llmgw_ctl.release import release
 from llmgw_ctl.restart import restart
 from llmgw_ctl.status import explain_placement, models, replicas, retry, status
 from llmgw_ctl.store import store
 from llmgw_ctl.tenancy import orgs, projects, teams, users
 from llmgw_ctl.usage import usage
+from llmgw_ctl.weights import weights
 
 
 @click.group(context_settings=cli_common.CONTEXT)
@@ -79,3 +81,5 @@ cli.add_command(budgets)
 cli.add_command(usage)
 cli.add_command(operators)
 cli.add_command(admin_token)
+cli.add_command(release)
+cli.add_command(weights)

@@ -7,7 +7,8 @@ from urllib.parse import quote
 
 import click
 
-from llmgw import audit, peers
+from llmgw import apikeys, audit, peers
+from llmgw_ctl import onboard
 from llmgw_ctl.api import actor, client
 from llmgw_ctl.common import pass_state, print_json, print_table, when
 from llmgw_ctl.status import print_nodes
@@ -47,7 +48,35 @@ def _add(state, name: str, kind: str, as_json: bool, direct: bool, out: Path | N
     )
 
 
-def _remove(state, name: str, kind: str, force: bool, direct: bool, as_json: bool) -> None:
+def _drain_first(state, name: str, wait_s: float, quiet: bool) -> None:
+    """Drain NAME and wait until none of its replicas is left (each is stopped once its
+    model has enough ready replicas elsewhere, or after scheduler.drain_grace_s)."""
+    api = client(state)
+
+    def mine() -> list[str]:
+        return [r["id"] for r in api.get("/v1/replicas") if r["node"] == name]
+
+    if not any(p["name"] == name for p in api.get("/v1/peers", kind="agent")):
+        return  # not registered: the removal says so
+    left = mine()
+    if not left:
+        return
+    api.post(f"/v1/nodes/{quote(name, safe='')}/drain")
+    if not quiet:
+        click.echo(f"draining {name}: waiting for its {len(left)} replica(s) to stop", err=True)
+    deadline = time.monotonic() + wait_s
+    while left:
+        if time.monotonic() > deadline:
+            raise click.ClickException(
+                f"{name} still has {len(left)} replica(s) after {wait_s:g}s of draining"
+                f" ({', '.join(left[:5])}): wait longer (--wait), or --force to cut it off"
+            )
+        time.sleep(0.5)
+        left = mine()
+
+
+def _remove(state, name: str, kind: str, force: bool, direct: bool, as_json: bool,
+            wait_s: float = 0.0) -> None:  # fmt: skip
     """Delete the peer and revoke its key: the bus refuses it from its next handshake,
     and (on the scheduler that handled it) its messages from now on."""
     group = "nodes" if kind == "agent" else "routers"
@@ -65,6 +94,8 @@ def _remove(state, name: str, kind: str, force: bool, direct: bool, as_json: boo
             raise click.ClickException(str(e)) from None
         audit.record(f"{group}.remove", actor(), "local", name)
     else:
+        if kind == "agent" and not force:
+            _drain_first(state, name, wait_s, as_json)
         query = f"?kind={kind}" + ("&force=1" if force else "")
         peer = client(state).delete(f"/v1/peers/{quote(name, safe='')}{query}")
     if as_json:
@@ -148,21 +179,141 @@ def nodes_add(state, name, as_json, out, direct):
     _add(state, name, "agent", as_json, direct, out)
 
 
-@nodes.command("remove")
-@remove_options
-@click.option("--force", is_flag=True, help="Even if it still has replicas (they are cut off).")
+@nodes.command("join-token")
+@click.argument("name")
+@click.option("--ttl", default="1h", show_default=True, help="How long it works: 30m, 1h, 2d.")
+@click.option("--json", "as_json", is_flag=True, help="Print the token and its command as JSON.")
 @pass_state
-def nodes_remove(state, name, as_json, direct, force):
-    """Forget NAME and revoke its CURVE key: its agent is refused from now on.
+def nodes_join_token(state, name, ttl, as_json):
+    """A one-time token for node NAME to join with, and the command to run on it.
 
-    A node that still has replicas is refused unless --force: drain it first.
+    The token works once and expires; making and using it are in the audit log. It
+    needs the admin API on HTTPS with a certificate from the cluster CA: the node
+    checks that CA against the fingerprint printed here before it sends the token.
 
     \b
     Examples:
-      llmgw drain gpu-01 && llmgw nodes remove gpu-01
+      llmgw nodes join-token gpu-07 --ttl 30m
+      # then on gpu-07:
+      llmgw-agentd join https://cp1:8081 llmgw-join-… --ca-sha256 3f9a…
+    """
+    try:
+        ttl_s = apikeys.parse_duration(ttl)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--ttl") from None
+    out = client(state).post(f"/v1/nodes/{quote(name, safe='')}/join-token", {"ttl_s": ttl_s})
+    if as_json:
+        return print_json(out)
+    click.echo(out["command"])
+    click.echo(f"works once, until {when(out['expires_at'])}", err=True)
+
+
+@nodes.command("onboard")
+@click.argument("name")
+@click.option(
+    "--ssh",
+    "target",
+    required=True,
+    metavar="[USER@]HOST[:PORT]",
+    help="Where to install, with the system's ssh (BatchMode: no prompts).",
+)
+@click.option(
+    "--identity",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The ssh private key to use.",
+)
+@click.option(
+    "-o",
+    "ssh_options",
+    multiple=True,
+    metavar="OPTION",
+    help="An ssh -o option, e.g. UserKnownHostsFile=FILE (repeatable).",
+)
+@click.option(
+    "--venv",
+    default="/opt/llmgw/venv",
+    show_default=True,
+    help="The virtual environment on the node.",
+)
+@click.option(
+    "--node-config",
+    default="/etc/llmgw/llmgw.toml",
+    show_default=True,
+    help="The node's config file.",
+)
+@click.option(
+    "--state-dir", default="/var/lib/llmgw", show_default=True, help="The node's paths.state_dir."
+)
+@click.option(
+    "--python", default="python3", show_default=True, help="The node's Python (3.11 or newer)."
+)
+@click.option(
+    "--set",
+    "agent_set",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An [agent] key for a new node, as TOML (repeatable): --set 'port_min=9100'.",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the node's hello.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the node as JSON.")
+@pass_state
+def nodes_onboard(state, name, target, identity, ssh_options, venv, node_config, state_dir,
+                  python, agent_set, wait_s, as_json):  # fmt: skip
+    """Make HOST node NAME over SSH: install the newest release (`llmgw release list`)
+    into a venv there, join with a one-time token, start the agent (a systemd unit where
+    systemd runs) and wait for its hello. On a failure nothing stays registered.
+
+    Onboarding a registered node again upgrades it to the newest release: one node,
+    its engines left running across the agent's restart.
+
+    Needs ssh access as a user who may write the paths (root for the defaults) and
+    the admin API on HTTPS with the cluster CA (as join tokens do).
+
+    \b
+    Examples:
+      llmgw nodes onboard gpu-07 --ssh root@10.0.0.7
+      llmgw nodes onboard gpu-08 --ssh admin@gpu-08:2222 --identity ~/.ssh/fleet
+    """
+    remote = onboard.Remote.parse(target, identity, ssh_options)
+    layout = onboard.Layout(venv, node_config, state_dir, python)
+    say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
+    node = onboard.onboard(client(state), remote, layout, name, agent_set, wait_s, say)
+    if as_json:
+        return print_json(node)
+    verb = "upgraded" if node["upgraded"] else "onboarded"
+    click.echo(f"{verb}: {name} runs llmgw {node['version']} ({node['onboard_s']}s)", err=True)
+
+
+@nodes.command("remove")
+@remove_options
+@click.option("--force", is_flag=True, help="At once, with its replicas (they are cut off).")
+@click.option(
+    "--wait",
+    "wait_s",
+    default=900.0,
+    show_default=True,
+    help="Seconds to wait for its replicas to drain away.",
+)
+@pass_state
+def nodes_remove(state, name, as_json, direct, force, wait_s):
+    """Drain NAME, then forget it and revoke its CURVE key: its agent is refused from
+    now on.
+
+    Draining stops each of its replicas once its model has enough ready replicas
+    elsewhere (or after scheduler.drain_grace_s); --force cuts the node off at once.
+
+    \b
+    Examples:
+      llmgw nodes remove gpu-01
       llmgw nodes remove gpu-01 --force
     """
-    _remove(state, name, "agent", force, direct, as_json)
+    _remove(state, name, "agent", force, direct, as_json, wait_s)
 
 
 @nodes.command("list")

@@ -40,10 +40,24 @@ def gpus_text(gpus: list) -> str:
     return f"{len(gpus)} ({gib(free)}/{gib(total)} GiB free)"
 
 
+def disk_text(n: dict) -> str:
+    """Free/total GiB of the node's state directory, and weights on their way."""
+    if not n.get("disk_total"):
+        return "-"
+    text = f"{gib(n.get('disk_free'))}/{gib(n.get('disk_total'))}"
+    fetching = n.get("fetching") or []
+    if fetching:
+        done = sum(f.get("done") or 0 for f in fetching)
+        size = sum(f.get("size") or 0 for f in fetching) or 1
+        text += f" (fetching {100 * done // size}%)"
+    return text
+
+
 def print_nodes(nodes: list[dict], now: float) -> None:
     """The NODE shape as aligned columns."""
     print_table(
-        ["NAME", "STATE", "MEMORY GiB (FREE/TOTAL)", "GPUS", "REPLICAS", "LAST SEEN"],
+        ["NAME", "STATE", "MEMORY GiB (FREE/TOTAL)", "GPUS", "REPLICAS", "DISK GiB (FREE/TOTAL)",
+         "VERSION", "LAST SEEN"],
         [
             [
                 n["name"],
@@ -53,11 +67,13 @@ def print_nodes(nodes: list[dict], now: float) -> None:
                 else "-",
                 gpus_text(n.get("gpus") or []),
                 str(n.get("replicas", 0)),
+                disk_text(n),
+                n.get("version") or "-",
                 age(n.get("last_seen"), now) + (" ago" if n.get("last_seen") else ""),
             ]
             for n in nodes
         ],
-    )
+    )  # fmt: skip
 
 
 def print_models(models: list[dict], detail: bool = False) -> None:

@@ -1,5 +1,7 @@
 """`llmgw store`: the store's schema."""
 
+from pathlib import Path
+
 import click
 
 from llmgw.errors import Error
@@ -39,3 +41,40 @@ def store_migrate(state, check):
     for name in applied:
         click.echo(f"applied {name}")
     click.echo(f"{redact(url)}: up to date", err=True)
+
+
+@store.command("init")
+@click.option(
+    "--admin-url",
+    required=True,
+    metavar="URL",
+    help="A PostgreSQL superuser's URL, e.g. postgresql://postgres@db1/postgres.",
+)
+@click.option("--name", default="llmgw", show_default=True, help="The role and database to make.")
+@click.option(
+    "--pgpass",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=lambda: str(Path.home() / ".pgpass"),
+    show_default="~/.pgpass",
+    help="Where the new role's password goes (libpq's password file).",
+)
+def store_init(admin_url, name, pgpass):
+    """Create a role and a database for llmgw on a PostgreSQL server, migrate it, and
+    print its store URL (for `[store] url` or LLMGW_STORE). The password is never in the
+    URL: it is added to --pgpass, which the tools' user needs as ~/.pgpass (or
+    PGPASSFILE).
+
+    \b
+    Examples:
+      llmgw store init --admin-url postgresql://postgres@db1/postgres
+      llmgw store init --admin-url postgresql://postgres@db1/postgres --name llmgw_staging \\
+          --pgpass /var/lib/llmgw/.pgpass
+    """
+    from llmgw.store.provision import init_postgres
+
+    try:
+        url = init_postgres(admin_url, name, pgpass)
+    except Error as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(url)
+    click.echo(f"created {name}, migrated; its password is in {pgpass}", err=True)

@@ -16,17 +16,18 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from llmgw import audit, bus, dirs, lease, log, operators
 from llmgw.dirs import DirError
 from llmgw.errors import Conflict, Invalid, NotFound, Refused
+from llmgw.jointokens import TokenRefused
 from llmgw.placement import place
 from llmgw.states import LIVE, LOST, ShardState
 from llmgw.store import BusPeer
-from llmgw_scheduler import page, registry
+from llmgw_scheduler import join_api, mirror_api, page, registry, releases_api
 
 _log = log.get("llmgw.scheduler.admin")
 
 # How long `llmgw logs` waits for the agent to answer.
 LOGS_WAIT_S = 5.0
 # The one place a refusal becomes an HTTP status; its code and message are the error's.
-STATUS = {NotFound: 404, Conflict: 409, Invalid: 400}
+STATUS = {NotFound: 404, Conflict: 409, Invalid: 400, TokenRefused: 403}
 
 
 def _status(e: Refused) -> int:
@@ -89,7 +90,9 @@ class View:
             "memory_available": None if n.lost else n.memory_available,
             "gpus": [] if n.lost else n.gpus, "engines": n.engines,
             "replicas": len(self.s.inv.on_node(n.id)),
-            "last_seen": n.last_seen,
+            "last_seen": n.last_seen, "version": n.version or None,
+            "disk_total": n.disk_total or None, "disk_free": n.disk_free or None,
+            "fetching": [] if n.lost else n.fetching,
         }  # fmt: skip
 
     def nodes(self) -> list[dict]:
@@ -99,7 +102,8 @@ class View:
             if peer not in seen:
                 out.append({"name": peer, "state": "never seen", "cpus": 0, "memory_total": 0,
                             "memory_available": 0, "gpus": [], "engines": {}, "replicas": 0,
-                            "last_seen": None})  # fmt: skip
+                            "last_seen": None, "version": None, "disk_total": None,
+                            "disk_free": None, "fetching": []})  # fmt: skip
         return out
 
     def model(self, m) -> dict:
@@ -233,13 +237,17 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         if url.path in ("/", "/status"):
             return page.serve(self, url)  # for browsers: its own ways to authenticate
+        parts = [unquote(p) for p in url.path.strip("/").split("/")]
+        if mirror_api.node_get(self, parts) or join_api.public_get(self, parts):
+            return  # nodes, with their own credential or none
         if not self._authorised():
             return
-        parts = [unquote(p) for p in url.path.strip("/").split("/")]
         if parts == ["v1", "operators"]:
             return self._send(200, operators.listing())
         if parts == ["v1", "whoami"]:
             return self._send(200, {"name": self.who.name, "role": self.who.role})
+        if any(api.get(self, parts) for api in (releases_api, mirror_api)):
+            return
         if registry.get(self, parts, url.query):
             return
         s = self.sched
@@ -469,6 +477,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._operators_remove(parts[2])
         if registry.delete(self, parts, urlsplit(self.path).query):
             return
+        if mirror_api.delete(self, parts):
+            return
         s = self.sched
         if len(parts) == 3 and parts[:2] == ["v1", "models"]:
             with s.lock:
@@ -478,9 +488,11 @@ class Handler(BaseHTTPRequestHandler):
         self._error(404, "not_found", f"no such endpoint: DELETE {self.path}")
 
     def _post(self):
+        parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+        if join_api.public_post(self, parts):  # a node with a join token
+            return
         if not self._authorised(change=True):
             return
-        parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
         if parts == ["v1", "admin-token", "rotate"]:
             return self._rotate_token()  # this scheduler's own file: a standby's too
         if parts == ["v1", "scheduler-key", "rotate"]:
@@ -489,7 +501,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if parts == ["v1", "operators"]:
             return self._operators_add()
-        if registry.post(self, parts):
+        if any(api.post(self, parts) for api in (registry, releases_api, mirror_api, join_api)):
             return
         s = self.sched
         if parts == ["v1", "models"]:

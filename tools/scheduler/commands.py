@@ -1,13 +1,14 @@
 """What the scheduler tells agents: the outbox the loop sends from, the start intents
 kept in the store, and the start, stop, install and log requests themselves."""
 
+import json
 import secrets
 import threading
 
-from llmgw import apikeys, bus, log
+from llmgw import apikeys, bus, log, mirror
 from llmgw.catalog import Model
 from llmgw.states import MsgType, ShardState
-from llmgw.store import ReplicaIntent, drop_connection
+from llmgw.store import MirroredWeights, ReplicaIntent, drop_connection
 from llmgw_scheduler.inventory import Inventory, Replica
 
 _log = log.get("llmgw.scheduler")
@@ -76,6 +77,8 @@ class Commands:
         self.cluster_secret = cluster_secret
         self.clock = clock
         self._installs_asked: dict[tuple[str, str], float] = {}
+        # Where agents fetch mirrored weights: this scheduler's admin API (empty: none).
+        self.mirror_url = ""
 
     def start(self, m: Model, node: str, now: float) -> str | None:
         """Start a replica: the intent goes to the store first, so a leader that takes
@@ -85,6 +88,7 @@ class Commands:
             epoch = self.outbox.role.epoch
             ReplicaIntent.insert(id=rid, model=m.name, node=node, profile=m.profile_hash(),
                                  epoch=epoch, created_at=now).execute()  # fmt: skip
+            mirrored = MirroredWeights.get_or_none(MirroredWeights.model == m.name)
         except Exception as e:  # the store is down: start nothing we could not record
             _log.warning("intent_not_written", model=m.name, node=node, reason=str(e)[:200])
             drop_connection()
@@ -98,6 +102,14 @@ class Commands:
             "context": m.context, "parallel": m.parallel, "gpus": m.gpus,
             "args": list(m.args), "key": key,
         }  # fmt: skip
+        if self.mirror_url and mirrored is not None and mirrored.source == m.source:
+            # The agent fetches these files from the mirror first, proving who it is with
+            # a token only the scheduler and that node know (this message is encrypted).
+            body["mirror"] = {
+                "url": self.mirror_url, "node": node, "sha256": mirrored.sha256,
+                "token": mirror.node_token(self.cluster_secret, node),
+                "files": json.loads(mirrored.files),
+            }  # fmt: skip
         _log.info("start_replica", replica=rid, model=m.name, node=node)
         self.outbox.send(node, MsgType.START_SHARD, body)
         return rid

@@ -21,6 +21,11 @@ class Node:
     engines: dict = field(default_factory=dict)  # engine id -> {"state", "reason"}
     lost: bool = False
     draining: bool = False
+    version: str = ""  # the llmgw its agent runs
+    disk_total: int = 0  # the agent's state directory's file system (0: not reported)
+    disk_free: int = 0
+    fetching: list = field(default_factory=list)  # weights on their way from the mirror
+    weights: frozenset = frozenset()  # content ids of the weights the node has
 
 
 @dataclass
@@ -74,6 +79,11 @@ class Inventory:
         node.memory_available = int(res.get("memory_available") or 0)
         node.gpus = list(res.get("gpus") or [])
         node.engines = dict(body.get("engines") or {})
+        node.version = str(body.get("version") or "")
+        node.disk_total = int(res.get("disk_total") or 0)
+        node.disk_free = int(res.get("disk_free") or 0)
+        node.fetching = [f for f in body.get("fetching") or [] if isinstance(f, dict)]
+        node.weights = frozenset(str(w) for w in body.get("weights") or [])
         return node
 
     def shards_report(self, node_id: str, shards: list[dict], now: float, grace_s: float):

@@ -64,6 +64,7 @@ def main(config_path):
     log.setup("llmgw-scheduler", cfg.log.level)
     needs = Needs(Path(cfg.paths.state_dir) / "weights")
     needs.load_measured()
+    needs.load_mirrored()
     for m in models:
         needs.estimate(m)
     # The lease calls back from start() on, by when `sched` exists: each holds the other.
@@ -71,6 +72,7 @@ def main(config_path):
     sched = Scheduler(cfg, models, secret, needs, leadership=leadership, name=leadership.name,
                       config_names={m.name for m in cfg.models}, extra_engines=extra)  # fmt: skip
     sched.load(list(cfg.models))
+    sched.commands.mirror_url = leadership.admin_url
     try:
         leadership.start()  # with SQLite: refuses if another scheduler runs on the store
         loop = Loop(sched, keys, cfg)

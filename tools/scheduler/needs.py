@@ -13,7 +13,7 @@ from pathlib import Path
 from llmgw import catalog, gguf, log
 from llmgw.catalog import Model
 from llmgw.placement import Need
-from llmgw.store import MeasuredCapacity
+from llmgw.store import MeasuredCapacity, MirroredWeights
 
 _log = log.get("llmgw.scheduler.needs")
 
@@ -49,6 +49,16 @@ class Needs:
         self.weights_dir = weights_dir
         self._estimates: dict[str, int] = {}  # profile hash -> estimated bytes
         self._measured: dict[tuple[str, str], list[int]] = {}
+        # model -> (source, content id, bytes) of its weights in the mirror: what a node
+        # without them must have the disk for.
+        self.mirrored: dict[str, tuple[str, str, int]] = {}
+
+    def load_mirrored(self) -> None:
+        self.mirrored = {r.model: (r.source, r.sha256, r.size) for r in MirroredWeights.select()}
+
+    def _disk(self, model: Model) -> dict:
+        source, cid, size = self.mirrored.get(model.name, ("", "", 0))
+        return {"disk": size, "weights": cid} if source == model.source else {}
 
     def load_measured(self) -> None:
         for row in MeasuredCapacity.select():
@@ -79,10 +89,12 @@ class Needs:
 
     def need(self, model: Model) -> Need:
         if model.memory_bytes:  # the operator said so
-            return Need(model.name, model.memory_bytes, model.gpus, model.engine_id)
+            return Need(
+                model.name, model.memory_bytes, model.gpus, model.engine_id, **self._disk(model)
+            )
         measured = self._measured.get((model.name, model.profile_hash()), [])
         memory = gguf.corrected(self.estimate(model), measured)
-        return Need(model.name, memory, model.gpus, model.engine_id)
+        return Need(model.name, memory, model.gpus, model.engine_id, **self._disk(model))
 
     def record(self, model: Model, rss: int) -> bool:
         """Remember a ready replica's resident memory; True if it raised the figure."""

@@ -91,6 +91,10 @@ def delete(h, parts: list[str], query: str) -> bool:
     auth = getattr(h, "bus_auth", None)
     if auth is not None:
         auth.revoke(peer.public_key)
+    if kind == "agent" and h.sched is not None:
+        with h.sched.lock:  # forgotten: a node that joins later under this name is new
+            if name in h.sched.drained:
+                h.sched.undrain(name)
     h._change(f"{'nodes' if kind == 'agent' else 'routers'}.remove", name, force=force or None)
     h._send(200, peers.peer_json(peer))
     return True

@@ -239,6 +239,10 @@ class Scheduler:
         self.parking.reload()
         self.drains.reload()
         self.intents.reload(self.inv, now, self.cfg.start_timeout_s)
+        try:  # what the other scheduler pulled into the mirror while we stood by
+            self.needs.load_mirrored()
+        except Exception as e:  # the store is down: placement goes without disk figures
+            _log.warning("mirrored_weights_unavailable", reason=str(e)[:200])
         self.flags.routes_dirty = True
         for node in self.inv.nodes:
             self.outbox.send(node, MsgType.LEADER, {"epoch": epoch, "name": self.name})

@@ -82,6 +82,7 @@ class Views:
                 id=node.id, lost=node.lost, draining=node.draining,
                 memory_free=max(0, node.memory_available - reserved),
                 gpus_free=gpus_free, engines=engines, replicas=counts,
+                disk_free=node.disk_free, weights=node.weights,
             ))  # fmt: skip
         return views
 

@@ -340,6 +340,37 @@ def m010_usage_row_id(db: peewee.Database) -> None:
     )
 
 
+def m011_mirrored_weights(db: peewee.Database) -> None:
+    """The control plane's weights mirror: per model, where its weights came from and
+    the content they were pinned to (the files are blobs named by their sha256)."""
+    run(
+        db,
+        """CREATE TABLE mirrored_weights (
+            model VARCHAR(200) NOT NULL PRIMARY KEY,
+            source VARCHAR(1000) NOT NULL,
+            sha256 VARCHAR(64) NOT NULL,
+            files TEXT NOT NULL,
+            size {BIGINT} NOT NULL,
+            pinned_at {DOUBLE} NOT NULL,
+            pulled_at {DOUBLE} NOT NULL)""",
+    )
+
+
+def m012_join_tokens(db: peewee.Database) -> None:
+    """One-time tokens a new node joins with (`llmgw nodes join-token`): only their
+    SHA-256 is kept, with the node they are for, their expiry and their use."""
+    run(
+        db,
+        """CREATE TABLE join_tokens (
+            token_hash VARCHAR(64) NOT NULL PRIMARY KEY,
+            node VARCHAR(100) NOT NULL,
+            created_at {DOUBLE} NOT NULL,
+            expires_at {DOUBLE} NOT NULL,
+            used_at {DOUBLE},
+            used_from VARCHAR(100))""",
+    )
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -351,6 +382,8 @@ MIGRATIONS = [
     m008_leadership,
     m009_operators,
     m010_usage_row_id,
+    m011_mirrored_weights,
+    m012_join_tokens,
 ]
 
 

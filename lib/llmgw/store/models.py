@@ -234,6 +234,38 @@ class Operator(BaseModel):
         table_name = "operators"
 
 
+class MirroredWeights(BaseModel):
+    """A model's weights in the control plane's mirror (m011). `files` is the manifest,
+    a JSON list of {"name", "sha256", "size"} (one entry for one GGUF; several for split
+    GGUFs or a directory); `sha256` is the single file's, or the manifest's for several.
+    A source with no sha256 in the catalog is pinned to this at its first pull."""
+
+    model = peewee.CharField(primary_key=True, max_length=200)
+    source = peewee.CharField(max_length=1000)
+    sha256 = peewee.CharField(max_length=64)
+    files = peewee.TextField()
+    size = peewee.BigIntegerField()
+    pinned_at = peewee.DoubleField()
+    pulled_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "mirrored_weights"
+
+
+class JoinToken(BaseModel):
+    """A one-time token for node NAME to join with (m012); only its SHA-256 is kept."""
+
+    token_hash = peewee.CharField(primary_key=True, max_length=64)
+    node = peewee.CharField(max_length=100)
+    created_at = peewee.DoubleField()
+    expires_at = peewee.DoubleField()
+    used_at = peewee.DoubleField(null=True)
+    used_from = peewee.CharField(max_length=100, null=True)  # the address it came from
+
+    class Meta:
+        table_name = "join_tokens"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,
@@ -249,4 +281,6 @@ ALL_MODELS = [
     Lease,
     SchedulerSeen,
     ReplicaIntent,
+    MirroredWeights,
+    JoinToken,
 ]

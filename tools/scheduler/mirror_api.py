@@ -1,0 +1,278 @@
+"""The admin API's weights mirror (lib/llmgw/mirror.py).
+
+For operators (an operator's or the bootstrap token):
+  GET    /v1/weights              every catalog model's weights: mirrored or not
+  POST   /v1/weights/pull         {"models": [...]} | {"all": true}: JSON lines, progress
+                                  then each model's result, as the pull goes
+  POST   /v1/weights/verify       {"models": [...]} | {"all": true}: re-hash every blob
+  DELETE /v1/weights/MODEL        forget a model's weights (refused while it runs)
+
+For nodes only:
+  GET    /v1/mirror/blobs/SHA256  a blob, with Range (a fetch cut off resumes)
+
+A node proves itself with `X-Llmgw-Node: NAME` and `Authorization: Bearer TOKEN`, the
+token being HMAC(cluster secret, NAME) that the scheduler sends it inside start_shard
+over the CURVE-encrypted bus: only a registered node ever learns it, and removing the
+node (`llmgw nodes remove`) shuts it out because the name must still be a registered
+agent. None of this takes the scheduler's lock except to read the catalog and replicas.
+"""
+
+import json
+import os
+import threading
+import time
+
+from llmgw import log, mirror
+from llmgw.errors import Invalid
+from llmgw.mirror import File, Mirror, content_id, files_from
+from llmgw.store import BusPeer, MirroredWeights
+
+_log = log.get("llmgw.scheduler.mirror")
+
+_pulling: dict[str, threading.Lock] = {}
+_pulling_lock = threading.Lock()
+
+
+def _mirror(h) -> Mirror:
+    return Mirror(h.cfg.mirror_dir())
+
+
+def node_get(h, parts: list[str]) -> bool:
+    """A blob for a node; False if the path is not ours (then operators' auth applies)."""
+    if len(parts) != 4 or parts[:3] != ["v1", "mirror", "blobs"]:
+        return False
+    node = h.headers.get("X-Llmgw-Node", "")
+    given = h.headers.get("Authorization", "")
+    token = given[7:].strip() if given.startswith("Bearer ") else ""
+    secret = h.sched.commands.cluster_secret
+    if not node or not mirror.node_token_ok(secret, node, token) or not _registered(node):
+        h._error(401, "unauthorized", "the weights mirror serves registered nodes only")
+        return True
+    path = _mirror(h).blob(parts[3])
+    try:
+        f = open(path, "rb")
+    except OSError:
+        h._error(404, "blob_not_found", f"no blob {parts[3]} in the mirror")
+        return True
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        start, end = _range(h.headers.get("Range", ""), size)
+        if start is None:
+            h.send_response(416)
+            h.send_header("Content-Range", f"bytes */{size}")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return True
+        partial = h.headers.get("Range") is not None
+        h.send_response(206 if partial else 200)
+        h.send_header("Content-Type", "application/octet-stream")
+        h.send_header("Accept-Ranges", "bytes")
+        h.send_header("Content-Length", str(end - start))
+        if partial:
+            h.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        h.end_headers()
+        h.wfile.flush()
+        try:
+            # sendfile: the kernel copies page cache to the socket, as nginx would; a
+            # Python read/write loop was the slower half of the pipe.
+            h.connection.sendfile(f, start, end - start)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the node went away; it resumes from what it has
+    h.close_connection = True
+    return True
+
+
+def _range(header: str, size: int) -> tuple[int | None, int]:
+    """(start, end exclusive) for one `bytes=A-B` / `bytes=A-` / none; start None: 416."""
+    if not header:
+        return 0, size
+    spec = header.removeprefix("bytes=")
+    first, _, last = spec.partition("-")
+    if header == spec or "," in spec or not first.isdigit():
+        return None, size
+    start = int(first)
+    end = min(size, int(last) + 1) if last.isdigit() else size
+    if start >= size or end <= start:
+        return None, size
+    return start, end
+
+
+def _registered(node: str) -> bool:
+    return BusPeer.select().where((BusPeer.name == node) & (BusPeer.kind == "agent")).exists()
+
+
+def get(h, parts: list[str]) -> bool:
+    if parts != ["v1", "weights"]:
+        return False
+    h._send(200, listing(h))
+    return True
+
+
+def listing(h) -> list[dict]:
+    s = h.sched
+    with s.lock:
+        models = {m.name: m for m in s.models.values()}
+        used = {name: len(s.inv.of_model(name)) for name in models}
+    rows = {r.model: r for r in MirroredWeights.select()}
+    out = []
+    for name in sorted(set(models) | set(rows)):
+        m, r = models.get(name), rows.get(name)
+        out.append(weights_json(name, m.source if m else r.source, r, used.get(name, 0),
+                                in_catalog=m is not None))  # fmt: skip
+    return out
+
+
+def weights_json(name: str, source: str, row, replicas: int, in_catalog: bool = True) -> dict:
+    """The one JSON shape of a model's weights in the mirror."""
+    return {
+        "model": name, "source": source,
+        "state": "mirrored" if row is not None else "not pulled",
+        "sha256": row.sha256 if row else None,
+        "size": row.size if row else None,
+        "files": json.loads(row.files) if row else [],
+        "pinned_at": row.pinned_at if row else None,
+        "pulled_at": row.pulled_at if row else None,
+        "replicas": replicas, "in_catalog": in_catalog,
+    }  # fmt: skip
+
+
+def _chosen(h, body: dict) -> list[str] | None:
+    s = h.sched
+    with s.lock:
+        if body.get("all") is True:
+            return sorted(s.models)
+        names = body.get("models")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            h._error(400, "invalid_value", "say which: models (a list of names), or all")
+            return None
+        for n in names:
+            s.model(n)  # NotFound, answered by the handler
+    return names
+
+
+def post(h, parts: list[str]) -> bool:
+    if parts not in (["v1", "weights", "pull"], ["v1", "weights", "verify"]):
+        return False
+    body = h._body()
+    if body is None:
+        return True
+    names = _chosen(h, body)
+    if names is None:
+        return True
+    if parts[2] == "verify":
+        h._send(200, [verify(h, n) for n in names])
+        return True
+    # JSON lines as the pull goes: `llmgw weights pull` shows progress from them.
+    h.send_response(200)
+    h.send_header("Content-Type", "application/x-ndjson")
+    h.end_headers()
+    h.close_connection = True
+    for name in names:
+        line = _pull_one(h, name)
+        h.wfile.write((json.dumps(line) + "\n").encode())
+        h.wfile.flush()
+    return True
+
+
+def _pull_one(h, name: str) -> dict:
+    with _pulling_lock:
+        lock = _pulling.setdefault(name, threading.Lock())
+    with lock:
+        try:
+            return {"result": pull(h, name)}
+        except Invalid as e:
+            _log.warning("weights_pull_failed", model=name, reason=str(e))
+            return {"error": {"model": name, "code": e.code, "message": str(e)}}
+
+
+def pull(h, name: str) -> dict:
+    s = h.sched
+    with s.lock:
+        m = s.model(name)
+        source, catalog_sha = m.source, m.sha256
+    row = MirroredWeights.get_or_none(MirroredWeights.model == name)
+    pinned = files_from(row.files) if row is not None and row.source == source else None
+    pinned_sha = content_id(pinned) if pinned else ""
+    known = pinned if pinned and (not catalog_sha or pinned_sha == catalog_sha) else None
+    last = [0.0]
+
+    def progress(done: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5:
+            last[0] = now
+            h.wfile.write((json.dumps({"progress": {"model": name, "done": done}}) + "\n").encode())
+            h.wfile.flush()
+
+    mir = _mirror(h)
+    started = time.monotonic()
+    files = mir.pull(source, known, progress)
+    got = content_id(files)
+    try:
+        mirror.check_pin(name, got, catalog_sha, pinned_sha)
+    except Invalid:
+        keep = mirror.used_elsewhere(_manifests(), name) | {f.sha256 for f in pinned or []}
+        mir.remove(files, keep)
+        raise
+    now = time.time()
+    size = sum(f.size for f in files)
+    new = row is None or row.sha256 != got or row.source != source
+    values = {
+        MirroredWeights.source: source, MirroredWeights.sha256: got,
+        MirroredWeights.files: json.dumps([f.json() for f in files]),
+        MirroredWeights.size: size, MirroredWeights.pulled_at: now,
+    }  # fmt: skip
+    if new:
+        values[MirroredWeights.pinned_at] = now
+    fields = {"model": name, "pinned_at": now, **{k.name: v for k, v in values.items()}}
+    (MirroredWeights.insert(**fields)
+     .on_conflict(conflict_target=[MirroredWeights.model], update=values)
+     .execute())  # fmt: skip
+    if new:
+        h._change("weights.pull", name, sha256=got, size=size, source=source,
+                  pinned=None if catalog_sha else True)  # fmt: skip
+    _log.info("weights_pulled", model=name, sha256=got[:12], bytes=size, new=new,
+              seconds=round(time.monotonic() - started, 1))  # fmt: skip
+    row = MirroredWeights.get(MirroredWeights.model == name)
+    with s.lock:
+        used = len(s.inv.of_model(name))
+        s.needs.mirrored[name] = (source, got, size)  # placement asks nodes for the disk
+    return {**weights_json(name, source, row, used), "new": new}
+
+
+def _manifests() -> dict[str, list[File]]:
+    return {r.model: files_from(r.files) for r in MirroredWeights.select()}
+
+
+def verify(h, name: str) -> dict:
+    row = MirroredWeights.get_or_none(MirroredWeights.model == name)
+    if row is None:
+        return {"model": name, "state": "not pulled", "files": []}
+    mir = _mirror(h)
+    files = [{**f.json(), "state": mir.verify(f)} for f in files_from(row.files)]
+    bad = [f for f in files if f["state"] != "ok"]
+    if bad:
+        _log.error("weights_corrupt", model=name,
+                   files=",".join(f"{f['name']}:{f['state']}" for f in bad))  # fmt: skip
+        h._change("weights.verify", name, bad=[f["name"] for f in bad])
+    return {"model": name, "state": "ok" if not bad else "bad", "files": files}
+
+
+def delete(h, parts: list[str]) -> bool:
+    if len(parts) != 3 or parts[:2] != ["v1", "weights"]:
+        return False
+    name = parts[2]
+    s = h.sched
+    with s.lock:
+        replicas = sorted(r.id for r in s.inv.of_model(name))
+    mirror.refuse_removal(name, replicas)
+    row = MirroredWeights.get_or_none(MirroredWeights.model == name)
+    if row is None:
+        h._error(404, "weights_not_found", f"no weights of {name} in the mirror")
+        return True
+    freed = _mirror(h).remove(files_from(row.files), mirror.used_elsewhere(_manifests(), name))
+    MirroredWeights.delete().where(MirroredWeights.model == name).execute()
+    with s.lock:
+        s.needs.mirrored.pop(name, None)
+    h._change("weights.rm", name, sha256=row.sha256, freed=freed)
+    h._send(200, {"model": name, "removed": True, "freed": freed})
+    return True

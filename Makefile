@@ -48,7 +48,7 @@ docs: install
 
 bench: install
 	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS))
-	$(BIN)/python bench/scheduler.py
+	$(BIN)/python bench/scheduler.py $(if $(BASE),--baseline $(BASE))
 	$(BIN)/python bench/cold_start.py
 	$(BIN)/python bench/mirror.py
 	$(if $(LLMGW_TEST_POSTGRES),$(BIN)/python bench/failover.py,@echo "bench/failover.py skipped: set LLMGW_TEST_POSTGRES")

@@ -1,6 +1,7 @@
 """Benchmark the scheduler's pure parts and the router's routing-table update, by size.
 
     .venv/bin/python bench/scheduler.py            # ~30-60 s; writes bench/SCHEDULER.md
+    .venv/bin/python bench/scheduler.py --baseline dc446ba   # and place_many beside REV's
 
 For N = 100, 1,000 and 10,000 (models = nodes = N): one `place_many` of N needs over N
 nodes, and one full `reconcile` pass with some replicas running. Then the real
@@ -15,11 +16,15 @@ runs; the growth column is the ratio to the size before, so 10 means linear and 
 quadratic. Nodes vary in free memory and engine state so that placement has to look.
 """
 
+import argparse
+import importlib.util
 import json
 import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -116,6 +121,35 @@ def bench_place(n: int) -> float:
     return median_ms(lambda: place_many(todo, nodes), 5 if n < 10_000 else 3)
 
 
+def load_placement(rev: str):
+    """lib/llmgw/placement.py as it was at git revision `rev`, as a module of its own."""
+    source = subprocess.run(["git", "show", f"{rev}:lib/llmgw/placement.py"], cwd=ROOT,
+                            check=True, capture_output=True, text=True).stdout  # fmt: skip
+    spec = importlib.util.spec_from_loader(f"placement_{rev}", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    exec(compile(source, f"{rev}:lib/llmgw/placement.py", "exec"), module.__dict__)
+    return module
+
+
+def bench_place_beside(n: int, old) -> tuple[float, float]:
+    """(baseline, now) ms for place_many at N, run in turns in this process on the same
+    views, after checking both place every need alike."""
+    rng = random.Random(n)
+    nodes, todo = fleet(n, rng), needs(n, rng)
+    old_nodes = [old.NodeView(v.id, v.lost, v.draining, v.memory_free, v.gpus_free, v.engines,
+                              v.replicas) for v in nodes]  # fmt: skip
+    old_todo = [old.Need(d.model, d.memory, d.gpus, d.engine) for d in todo]
+    got = [p.node for p in place_many(todo, nodes)]
+    if got != [p.node for p in old.place_many(old_todo, old_nodes)]:
+        raise SystemExit("place_many: the baseline placed some need elsewhere")
+    base, now = [], []
+    for _ in range(7):
+        base.append(median_ms(lambda: old.place_many(old_todo, old_nodes), 1))
+        now.append(median_ms(lambda: place_many(todo, nodes), 1))
+    return statistics.median(base), statistics.median(now)
+
+
 def bench_reconcile(n: int) -> float:
     nodes, desired, replicas, backoff = world(n, random.Random(n))
     reps = 5 if n < 10_000 else 3
@@ -190,6 +224,13 @@ def machine() -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also time place_many as it was at this git revision, in turns",
+    )
+    args = parser.parse_args()
     rows = []
     measured = {n: bench_scheduler(n) for n in (100, 1_000, 10_000)}
     for label, sizes, fn in [
@@ -224,6 +265,21 @@ def main() -> None:
         "router (JSON decode, endpoints, table replace). Growth: ratio to the size before "
         "(the sizes grow 10×, so 10× is linear).\n\n" + "\n".join(lines) + "\n"
     )
+    if args.baseline:
+        old = load_placement(args.baseline)
+        side = [
+            "",
+            f"place_many beside `{args.baseline}`, in turns in one process on the "
+            "same views (both placed every need alike):",
+            "",
+            f"| N | {args.baseline} ms | now ms | ratio |",
+            "|---|---|---|---|",
+        ]
+        for n in (1_000, 10_000):
+            base, now = bench_place_beside(n, old)
+            side.append(f"| {n:,} | {base:.2f} | {now:.2f} | {now / base:.2f}× |")
+            print(side[-1], flush=True)
+        text += "\n".join(side) + "\n"
     (ROOT / "bench" / "SCHEDULER.md").write_text(text)
     print("\n" + "\n".join(lines))
 

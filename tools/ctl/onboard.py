@@ -128,9 +128,10 @@ def check_host(remote: Remote, layout: Layout) -> bool:
 def install(api: Admin, remote: Remote, layout: Layout, release: dict) -> None:
     wheel = api.download(f"/v1/releases/{quote(release['filename'], safe='')}")
     q = shlex.quote
-    tmp = f"/tmp/llmgw-onboard-{release['version']}"
-    remote.run(f"mkdir -p {q(tmp)} && cat > {q(tmp + '/' + release['filename'])}",
-               "copying the release", data=wheel)  # fmt: skip
+    # A directory of its own: two onboardings of one host must not share (or delete) it.
+    tmp = remote.run(f"d=$(mktemp -d /tmp/llmgw-onboard.XXXXXX) && cat > \"$d\"/"
+                     f"{q(release['filename'])} && echo \"$d\"", "copying the release",
+                     data=wheel).strip()  # fmt: skip
     remote.run(
         f"{q(layout.python)} -m venv {q(layout.venv)} && {q(layout.venv)}/bin/pip install"
         f" --quiet --disable-pip-version-check --upgrade {q(tmp + '/' + release['filename'])}"

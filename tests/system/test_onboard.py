@@ -75,11 +75,18 @@ class Node:
         return out + ["--set", "engines = " + toml_inline(engines)]
 
     def stop(self) -> None:
+        """The detached agent, and the engines it started (they outlive it on purpose;
+        each runs in its own process group, its pid in the shard's state file)."""
         pid = self.state / "agentd.pid"
         if pid.exists():
             try:
                 os.kill(int(pid.read_text()), signal.SIGKILL)
             except (OSError, ValueError):
+                pass
+        for state in (self.state / "shards").glob("*.json"):
+            try:
+                os.killpg(json.loads(state.read_text())["pid"], signal.SIGKILL)
+            except (OSError, ValueError, KeyError):
                 pass
 
 

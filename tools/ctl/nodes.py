@@ -290,6 +290,58 @@ def nodes_onboard(state, name, target, identity, ssh_options, venv, node_config,
     click.echo(f"{verb}: {name} runs llmgw {node['version']} ({node['onboard_s']}s)", err=True)
 
 
+@nodes.command("upgrade")
+@click.argument("name", required=False)
+@click.option("--all", "all_", is_flag=True, help="Every node onboarded with `nodes onboard`.")
+@click.option(
+    "--drain-wait",
+    "drain_wait_s",
+    default=300.0,
+    show_default=True,
+    help="Seconds to let a node's replicas move elsewhere before upgrading it.",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for each node's hello with the new release.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the nodes as JSON.")
+@pass_state
+def nodes_upgrade(state, name, all_, drain_wait_s, wait_s, as_json):
+    """Upgrade NAME (or --all, one node at a time) to the newest release, reaching each
+    the way `llmgw nodes onboard` did: drain it while its models have somewhere to go,
+    install the release, restart the agent (engines keep running), wait for its hello
+    with the new version, undrain. Stops at the first node that fails.
+
+    \b
+    Examples:
+      llmgw release publish dist/llmgw-0.2.1rc1-py3-none-any.whl
+      llmgw nodes upgrade gpu-07
+      llmgw nodes upgrade --all
+    """
+    if bool(name) == all_:
+        raise click.UsageError("name a NODE, or pass --all")
+    api = client(state)
+    names = [name] if name else [p["name"] for p in api.get("/v1/peers", kind="agent")]
+    say = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
+    done = []
+    for n in names:
+        if all_:
+            try:
+                api.get(f"/v1/nodes/{quote(n, safe='')}/access")
+            except click.ClickException:
+                say(f"{n}: not onboarded with `llmgw nodes onboard`, skipped")
+                continue
+        node = onboard.upgrade(api, n, drain_wait_s, wait_s, say)
+        done.append(node)
+        if node.get("upgraded"):
+            say(f"upgraded: {n} runs llmgw {node['version']}")
+    if as_json:
+        print_json(done)
+
+
 @nodes.command("remove")
 @remove_options
 @click.option("--force", is_flag=True, help="At once, with its replicas (they are cut off).")

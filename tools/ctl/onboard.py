@@ -128,9 +128,10 @@ def check_host(remote: Remote, layout: Layout) -> bool:
 def install(api: Admin, remote: Remote, layout: Layout, release: dict) -> None:
     wheel = api.download(f"/v1/releases/{quote(release['filename'], safe='')}")
     q = shlex.quote
-    tmp = f"/tmp/llmgw-onboard-{release['version']}"
-    remote.run(f"mkdir -p {q(tmp)} && cat > {q(tmp + '/' + release['filename'])}",
-               "copying the release", data=wheel)  # fmt: skip
+    # A directory of its own: two onboardings of one host must not share (or delete) it.
+    tmp = remote.run(f"d=$(mktemp -d /tmp/llmgw-onboard.XXXXXX) && cat > \"$d\"/"
+                     f"{q(release['filename'])} && echo \"$d\"", "copying the release",
+                     data=wheel).strip()  # fmt: skip
     remote.run(
         f"{q(layout.python)} -m venv {q(layout.venv)} && {q(layout.venv)}/bin/pip install"
         f" --quiet --disable-pip-version-check --upgrade {q(tmp + '/' + release['filename'])}"
@@ -188,7 +189,7 @@ def wait_hello(api: Admin, name: str, version: str, wait_s: float) -> dict:
     deadline = time.monotonic() + wait_s
     while True:
         node = next((n for n in api.get("/v1/nodes") if n["name"] == name), None)
-        if node and node["state"] == "up" and node.get("version") == version:
+        if node and node["state"] in ("up", "draining") and node.get("version") == version:
             return node
         if time.monotonic() > deadline:
             seen = f"it is {node['state']} at {node.get('version')}" if node else "never seen"
@@ -220,6 +221,56 @@ def onboard(api: Admin, remote: Remote, layout: Layout, name: str, agent_set: tu
             api.delete(f"/v1/peers/{quote(name, safe='')}?kind=agent&force=1")
             say(f"removed {name} again")
         raise
+    api.post(f"/v1/nodes/{quote(name, safe='')}/access", {"access": access_of(remote, layout)})
     node["onboard_s"] = round(time.monotonic() - started, 1)
     node["upgraded"] = registered
     return node
+
+
+def access_of(remote: Remote, layout: Layout) -> dict:
+    """What `llmgw nodes upgrade` needs to reach the node again."""
+    target = remote.user_host + (f":{remote.port}" if remote.port else "")
+    return {"ssh": target, "identity": str(remote.identity) if remote.identity else None,
+            "options": list(remote.options), "venv": layout.venv, "config": layout.config,
+            "state_dir": layout.state_dir, "python": layout.python}  # fmt: skip
+
+
+def from_access(access: dict) -> tuple[Remote, Layout]:
+    identity = Path(access["identity"]) if access.get("identity") else None
+    remote = Remote.parse(access["ssh"], identity, tuple(access.get("options") or ()))
+    layout = Layout(access["venv"], access["config"], access["state_dir"], access["python"])
+    return remote, layout
+
+
+def upgrade(api: Admin, name: str, drain_wait_s: float, wait_s: float, say) -> dict:
+    """Upgrade one onboarded node to the newest release: drain it while its models have
+    somewhere to go (for at most `drain_wait_s`), install, restart, wait for its hello
+    with the new version, undrain. Engines survive the agent's restart, so replicas that
+    could not move keep serving through it."""
+    release = newest_release(api)
+    node = next((n for n in api.get("/v1/nodes") if n["name"] == name), None)
+    if node is None:
+        raise OnboardError(f"no node {name} (see `llmgw nodes`)")
+    if node.get("version") == release["version"]:
+        say(f"{name} runs llmgw {release['version']} already")
+        return {**node, "upgraded": False}
+    remote, layout = from_access(api.get(f"/v1/nodes/{quote(name, safe='')}/access")["access"])
+    path = quote(name, safe="")
+    mine = [r["id"] for r in api.get("/v1/replicas") if r["node"] == name]
+    drained = bool(mine) and node["state"] != "draining"
+    if drained:
+        api.post(f"/v1/nodes/{path}/drain")
+        say(f"draining {name}: {len(mine)} replica(s)")
+    try:
+        deadline = time.monotonic() + drain_wait_s
+        while mine and time.monotonic() < deadline:
+            time.sleep(0.5)
+            mine = [r["id"] for r in api.get("/v1/replicas") if r["node"] == name]
+        if mine:
+            say(f"{len(mine)} replica(s) have nowhere else to go: upgrading under them"
+                " (engines keep running)")  # fmt: skip
+        out = onboard(api, remote, layout, name, (), wait_s, say)
+    finally:
+        if drained:
+            api.post(f"/v1/nodes/{path}/undrain")
+    return out

@@ -20,7 +20,7 @@ from llmgw.jointokens import TokenRefused
 from llmgw.placement import place
 from llmgw.states import LIVE, LOST, ShardState
 from llmgw.store import BusPeer
-from llmgw_scheduler import join_api, mirror_api, page, registry, releases_api
+from llmgw_scheduler import join_api, mirror_api, onboarding_api, page, registry, releases_api
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -246,7 +246,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, operators.listing())
         if parts == ["v1", "whoami"]:
             return self._send(200, {"name": self.who.name, "role": self.who.role})
-        if any(api.get(self, parts) for api in (releases_api, mirror_api)):
+        if any(api.get(self, parts) for api in (releases_api, mirror_api, onboarding_api)):
             return
         if registry.get(self, parts, url.query):
             return
@@ -501,7 +501,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if parts == ["v1", "operators"]:
             return self._operators_add()
-        if any(api.post(self, parts) for api in (registry, releases_api, mirror_api, join_api)):
+        apis = (registry, releases_api, mirror_api, join_api, onboarding_api)
+        if any(api.post(self, parts) for api in apis):
             return
         s = self.sched
         if parts == ["v1", "models"]:

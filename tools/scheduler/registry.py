@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 from llmgw import apikeys, audit, log, peers, tenancy
 from llmgw.errors import TenancyError
 from llmgw.store import ApiKey
-from llmgw_scheduler import tenancy_api
+from llmgw_scheduler import onboarding_api, tenancy_api
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -92,6 +92,7 @@ def delete(h, parts: list[str], query: str) -> bool:
     if auth is not None:
         auth.revoke(peer.public_key)
     if kind == "agent" and h.sched is not None:
+        onboarding_api.forget(name)
         with h.sched.lock:  # forgotten: a node that joins later under this name is new
             if name in h.sched.drained:
                 h.sched.undrain(name)

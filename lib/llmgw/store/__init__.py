@@ -26,6 +26,7 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     MeasuredCapacity,
     MirroredWeights,
     ModelScale,
+    NodeAccess,
     Operator,
     ParkedModel,
     ReplicaIntent,

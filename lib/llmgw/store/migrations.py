@@ -371,6 +371,18 @@ def m012_join_tokens(db: peewee.Database) -> None:
     )
 
 
+def m013_node_access(db: peewee.Database) -> None:
+    """How `llmgw nodes onboard` reached each node (ssh target, key file, options) and
+    where it installed llmgw there, so `llmgw nodes upgrade` can do it again."""
+    run(
+        db,
+        """CREATE TABLE node_access (
+            node VARCHAR(100) NOT NULL PRIMARY KEY,
+            access TEXT NOT NULL,
+            updated_at {DOUBLE} NOT NULL)""",
+    )
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -384,6 +396,7 @@ MIGRATIONS = [
     m010_usage_row_id,
     m011_mirrored_weights,
     m012_join_tokens,
+    m013_node_access,
 ]
 
 

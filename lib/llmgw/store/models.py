@@ -266,6 +266,18 @@ class JoinToken(BaseModel):
         table_name = "join_tokens"
 
 
+class NodeAccess(BaseModel):
+    """How a node was onboarded (m013): JSON of the ssh target, identity file, ssh
+    options, venv, config, state directory and Python, for `llmgw nodes upgrade`."""
+
+    node = peewee.CharField(primary_key=True, max_length=100)
+    access = peewee.TextField()
+    updated_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "node_access"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,
@@ -283,4 +295,5 @@ ALL_MODELS = [
     ReplicaIntent,
     MirroredWeights,
     JoinToken,
+    NodeAccess,
 ]

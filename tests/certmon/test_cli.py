@@ -11,8 +11,6 @@ from cryptography.x509.verification import PolicyBuilder, Store, VerificationErr
 
 from tests.certmon.conftest import certmon
 
-NOW = datetime.now(UTC)
-
 
 def load(path) -> x509.Certificate:
     return x509.load_pem_x509_certificate(path.read_bytes())
@@ -24,7 +22,10 @@ def mode(path) -> int:
 
 def verify_server(ca: x509.Certificate, leaf: x509.Certificate, host: str):
     verifier = (
-        PolicyBuilder().store(Store([ca])).time(NOW).build_server_verifier(x509.DNSName(host))
+        PolicyBuilder()
+        .store(Store([ca]))
+        .time(datetime.now(UTC))
+        .build_server_verifier(x509.DNSName(host))
     )
     return verifier.verify(leaf, [])
 
@@ -62,7 +63,7 @@ def test_an_issued_certificate_verifies_against_the_ca_with_its_sans_and_ekus(ca
     assert set(ekus) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
     chain = verify_server(root, leaf, "web.lan")
     assert chain[-1] == root
-    client = PolicyBuilder().store(Store([root])).time(NOW).build_client_verifier()
+    client = PolicyBuilder().store(Store([root])).time(datetime.now(UTC)).build_client_verifier()
     assert client.verify(leaf, []).chain[-1] == root
     with pytest.raises(VerificationError):
         verify_server(root, leaf, "other.lan")
@@ -148,7 +149,7 @@ def test_renew_replaces_only_certificates_that_expire_within_the_window(ca):
     assert new.extensions.get_extension_for_class(
         x509.SubjectAlternativeName
     ) == old.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-    assert (new.not_valid_after_utc - NOW).days >= 89
+    assert (new.not_valid_after_utc - datetime.now(UTC)).days >= 89
     verify_server(load(ca / "ca.crt"), new, "soon.lan")
 
 

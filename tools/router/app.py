@@ -7,7 +7,7 @@ import prometheus_client
 from aiohttp import web
 
 from llmgw import log
-from llmgw_router import metrics, probe
+from llmgw_router import metrics, models, probe
 from llmgw_router.admission import Admission
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
@@ -136,6 +136,7 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
     app.router.add_post(COMPLETIONS.path, via_proxy("forward", COMPLETIONS))
     app.router.add_post(EMBEDDINGS.path, via_proxy("forward", EMBEDDINGS))
     app.router.add_get("/v1/models", via_proxy("models"))
+    app.router.add_get("/v1/models/{model}", models.retrieve)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics_page)

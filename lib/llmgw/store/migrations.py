@@ -340,6 +340,12 @@ def m010_usage_row_id(db: peewee.Database) -> None:
     )
 
 
+def m011_usage_api(db: peewee.Database) -> None:
+    """usage.api: the API path a request came by (/v1/chat/completions, /v1/messages,
+    /v1/responses…), now that the router speaks more than OpenAI's. NULL on older rows."""
+    run(db, "ALTER TABLE usage ADD COLUMN api VARCHAR(64)")
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -351,6 +357,7 @@ MIGRATIONS = [
     m008_leadership,
     m009_operators,
     m010_usage_row_id,
+    m011_usage_api,
 ]
 
 

@@ -74,6 +74,8 @@ class Usage(BaseModel):
     # after a crash inserts each row once. Not request_id: a client may send its own
     # x-request-id, twice. NULL on rows written before m010.
     row_id = peewee.CharField(max_length=32, null=True, unique=True)
+    # The API path the request came by (m011); NULL on rows written before it.
+    api = peewee.CharField(max_length=64, null=True)
 
     class Meta:
         table_name = "usage"

@@ -214,3 +214,25 @@ def test_a_message_is_passed_through_to_llama_servers_own_messages_api(gateway):
     assert counted.input_tokens > 0
     # Natively served: the router never had to learn that the engine lacks the path.
     assert "engine_lacks_path" not in gateway.router.log()
+
+
+def test_a_response_is_passed_through_and_continued_by_the_routers_own_state(client, gateway):
+    first = client.responses.create(model=MODEL, input="Hello", max_output_tokens=8)
+    # llama-server refuses previous_response_id: the router sends the whole conversation.
+    second = client.responses.create(
+        model=MODEL, input="Say it again", max_output_tokens=8, previous_response_id=first.id
+    )
+    with client.responses.create(
+        model=MODEL, input="Once more", max_output_tokens=8, previous_response_id=second.id,
+        stream=True,
+    ) as stream:  # fmt: skip
+        events = list(stream)
+    assert first.model == second.model == MODEL
+    assert first.output_text and second.output_text
+    assert second.previous_response_id == first.id
+    done = events[-1]
+    assert done.type == "response.completed" and done.response.usage.output_tokens > 0
+    assert client.responses.retrieve(done.response.id).previous_response_id == second.id
+    items = client.responses.input_items.list(done.response.id, order="asc")
+    assert len(items.data) == 5
+    assert "engine_lacks_path" not in gateway.router.log()

@@ -7,8 +7,9 @@ import prometheus_client
 from aiohttp import web
 
 from llmgw import log
-from llmgw_router import dialects, metrics, models, probe
+from llmgw_router import dialects, metrics, models, probe, responses_api
 from llmgw_router.admission import Admission
+from llmgw_router.conversations import Conversations
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
 from llmgw_router.leases import Leaser
@@ -58,11 +59,13 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
     app["keys"], app["usage"], app["table"] = keys, usage, table
     app["policies"], app["admission"] = policies, admission
     app["fed"] = feed is not None
+    conversations = app["conversations"] = Conversations(db)
 
     async def on_startup(app):
         loop = asyncio.get_running_loop()
         keys.start(db)
         usage.start()
+        conversations.start()
         policies.start(db)
         leaser.start(loop)
 
@@ -117,6 +120,7 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
         # have them now rather than when the window ends or the hold expires.
         await asyncio.get_running_loop().run_in_executor(None, leaser.stop)
         # Flush in a thread: the store may be slow, and the loop is still ours.
+        await asyncio.get_running_loop().run_in_executor(None, conversations.stop)
         await asyncio.get_running_loop().run_in_executor(None, usage.stop)
         _log.info("stopped", usage_rows_written=usage.written, usage_rows_replayed=usage.replayed)
 
@@ -137,6 +141,9 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
     app.router.add_post(EMBEDDINGS.path, via_proxy("forward", EMBEDDINGS))
     for route in dialects.ROUTES:
         app.router.add_post(route.path, dialects.handler(route))
+    app.router.add_get("/v1/responses/{response_id}", responses_api.retrieve)
+    app.router.add_delete("/v1/responses/{response_id}", responses_api.delete)
+    app.router.add_get("/v1/responses/{response_id}/input_items", responses_api.input_items)
     app.router.add_get("/v1/models", via_proxy("models"))
     app.router.add_get("/v1/models/{model}", models.retrieve)
     app.router.add_get("/health", health)

@@ -135,7 +135,7 @@ class Call:
         self._broke = ""  # why the last attempt broke before the client had anything
         # Another API's request sent to an engine that lacks its path, as chat (dialects.py).
         self.translating = False
-        self.translator = None  # a stream's chat chunks → that API's events
+        self.translator = None  # the request as chat, and chat's answers back (dialects.py)
 
     # -- the attempt loop ------------------------------------------------------------
 
@@ -211,7 +211,9 @@ class Call:
         if not self.translating:
             return self.route.head, body
         try:
-            chat = dialect.chat_body(body)
+            self.translator = dialect.translate(
+                json.loads(body), self.proxy.served_name(self.model)
+            )
         except Untranslatable as e:
             self.status = 400
             return api_error(
@@ -224,9 +226,7 @@ class Call:
                 self.rid,
                 param=e.field,
             )
-        if self.stream and dialect.stream is not None:
-            self.translator = dialect.stream(self.proxy.served_name(self.model))
-        return _CHAT_HEAD, chat
+        return _CHAT_HEAD, json.dumps(self.translator.chat).encode()
 
     def _lacks_path(self, ep: Endpoint, status: int) -> bool:
         """A native request the engine answered as a path it does not have: remember it,
@@ -290,9 +290,10 @@ class Call:
         if upstream.status == 200:
             self._take_usage(data)
             if self.translating:
-                data = self.route.dialect.answer(data, self.proxy.served_name(self.model))
+                data = self.translator.whole(data)
             else:
                 data = set_model(data, self.field)
+            data = self._final(data)
         elif self.resp is None:
             data = engine_error_body(upstream.status, data)
         if self.resp is not None:  # the stream was committed by a keepalive: say it in-band
@@ -326,14 +327,16 @@ class Call:
                 if out:
                     if end in out:
                         self._done()
-                    await self._write(self._shape(out))
+                        await self._write(self._final(self._shape(out)))
+                    else:
+                        await self._write(self._shape(out))
                 self.overhead += time.perf_counter() - t
                 if end in out or buf.startswith(end):
                     done = True
             if buf.strip():
                 if buf.strip().startswith(end):
                     self._done()
-                await self._write(self._shape(buf))
+                await self._write(self._final(self._shape(buf)))
                 done = done or buf.strip().startswith(end)
         except UpstreamError as e:
             return await self._engine_broke(e)
@@ -355,6 +358,12 @@ class Call:
         if self.translator is not None:
             return self.translator.feed(events)
         return set_model(events, self.field)
+
+    def _final(self, data: bytes) -> bytes:
+        """The whole answer, or a stream's last block, past the route's hook (the
+        Responses API keeps it)."""
+        hook = self.request.get("llmgw.on_answer")
+        return (hook(data) or data) if hook is not None else data
 
     def _done(self) -> None:
         hook, self.before_done = self.before_done, None

@@ -1,12 +1,12 @@
 """The other APIs the router speaks besides OpenAI's chat, completions and embeddings:
 their routes, and how each is translated to chat completions for an engine that does not
-serve it. The translations themselves are pure modules (anthropic.py); this module binds
-them to routes and answers errors in each API's own shape.
+serve it. The translations themselves are pure modules (anthropic.py, responses.py);
+this module binds them to routes and answers errors in each API's own shape.
 
 An API is passed through where the engine serves its path (llama-server serves
-/v1/messages natively); the first 404, 405 or 501 an endpoint gives on that path is
-remembered (`Proxy.lacking`), and from then on its requests go to that endpoint as
-chat completions, translated both ways.
+/v1/messages and /v1/responses natively); the first 404, 405 or 501 an endpoint gives on
+that path is remembered (`Proxy.lacking`), and from then on its requests go to that
+endpoint as chat completions, translated both ways.
 """
 
 import json
@@ -15,50 +15,58 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from llmgw_router import anthropic
+from llmgw_router import anthropic, responses, responses_api
 from llmgw_router.proxy import Route
 
 
-@dataclass(frozen=True)
-class Dialect:
-    """One API: to chat and back, and its errors."""
+class Translation:
+    """One request as chat (`chat`), and chat's answer back: whole, or stream events."""
 
-    name: str
-    to_chat: Callable[[dict], dict]
-    from_chat: Callable[[dict, str], dict]
-    stream: Callable[[str], object] | None = None  # chat chunks → its events
-    error: Callable[[int, dict], tuple[int, dict]] | None = None
-    error_event: Callable[[str, int], bytes] | None = None
+    def __init__(self, chat: dict, answer: Callable[[dict], dict], stream=None):
+        self.chat = chat
+        self._answer = answer
+        self._stream = stream
 
-    def chat_body(self, body: bytes) -> bytes:
-        """The request as a chat completion request; raises Untranslatable."""
-        return json.dumps(self.to_chat(json.loads(body))).encode()
-
-    def answer(self, data: bytes, model: str) -> bytes:
-        """A chat completion answer as this API's."""
+    def whole(self, data: bytes) -> bytes:
         try:
             chat = json.loads(data)
         except ValueError:
             return data
-        return json.dumps(self.from_chat(chat, model)).encode()
+        return json.dumps(self._answer(chat)).encode()
+
+    def feed(self, block: bytes) -> bytes:
+        return self._stream.feed(block)
 
 
-ANTHROPIC = Dialect(
-    "anthropic",
-    anthropic.to_chat,
-    anthropic.from_chat,
-    anthropic.Stream,
-    anthropic.error,
-    anthropic.error_event,
-)
-ANTHROPIC_COUNT = Dialect(
-    "anthropic",
-    anthropic.count_request,
-    lambda chat, model: anthropic.count_from_chat(chat),
-    None,
-    anthropic.error,
-    anthropic.error_event,
-)
+@dataclass(frozen=True)
+class Dialect:
+    """One API: its translation to chat, and its errors."""
+
+    name: str
+    translate: Callable[[dict, str], Translation]  # (request, served model); Untranslatable
+    error: Callable[[int, dict], tuple[int, dict]] | None = None
+    error_event: Callable[[str, int], bytes] | None = None
+
+
+def _messages(body: dict, model: str) -> Translation:
+    stream = anthropic.Stream(model) if body.get("stream") else None
+    return Translation(anthropic.to_chat(body), lambda c: anthropic.from_chat(c, model), stream)
+
+
+def _count(body: dict, model: str) -> Translation:
+    return Translation(anthropic.count_request(body), anthropic.count_from_chat)
+
+
+def _responses(body: dict, model: str) -> Translation:
+    stream = responses.Stream(body, model) if body.get("stream") else None
+    return Translation(
+        responses.to_chat(body), lambda c: responses.from_chat(c, body, model), stream
+    )
+
+
+ANTHROPIC = Dialect("anthropic", _messages, anthropic.error, anthropic.error_event)
+ANTHROPIC_COUNT = Dialect("anthropic", _count, anthropic.error, anthropic.error_event)
+RESPONSES = Dialect("responses", _responses, None, responses.error_event)
 
 MESSAGES = Route(
     "/v1/messages", "messages", (list,), True, done=b"event: message_stop", dialect=ANTHROPIC
@@ -72,6 +80,18 @@ COUNT_TOKENS = Route(
     max_tokens_field="",
     dialect=ANTHROPIC_COUNT,
     bills=False,
+)
+
+
+RESPONSES_ROUTE = Route(
+    "/v1/responses",
+    "input",
+    (str, list),
+    True,
+    done=b"event: response.completed",
+    max_tokens_field="max_output_tokens",
+    dialect=RESPONSES,
+    prepare=responses_api.prepare,
 )
 
 
@@ -96,4 +116,4 @@ def handler(route: Route):
     return handle
 
 
-ROUTES = (MESSAGES, COUNT_TOKENS)
+ROUTES = (MESSAGES, COUNT_TOKENS, RESPONSES_ROUTE)

@@ -51,6 +51,9 @@ class Route:
     max_tokens_field: str = "max_tokens"  # what bounds the answer ("": nothing does)
     dialect: object = None  # not OpenAI's: how to translate it to chat (dialects.py)
     bills: bool = True  # whether its tokens are counted (counting tokens is not billed)
+    # Called with (request, key, payload, rid) once the key may use the model; may change
+    # the payload (the Responses API's state), or answer an error.
+    prepare: object = None
 
     def __post_init__(self):
         self.head = f"POST {self.path} HTTP/1.1\r\n".encode()
@@ -182,6 +185,11 @@ class Proxy:
                 model,
             )
 
+        if route.prepare is not None:
+            refused = await route.prepare(request, key, payload, rid)
+            if refused is not None:
+                return self.reject(refused, ticket, model)
+            body = None
         if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
             return self.reject(no_table(ticket.rid), ticket, model)
 

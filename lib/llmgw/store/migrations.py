@@ -346,6 +346,24 @@ def m011_usage_api(db: peewee.Database) -> None:
     run(db, "ALTER TABLE usage ADD COLUMN api VARCHAR(64)")
 
 
+def m012_responses(db: peewee.Database) -> None:
+    """responses: the Responses API's state, kept by the routers (engines are stateless):
+    each stored response's own input, the conversation before it, and the answer."""
+    run(
+        db,
+        """CREATE TABLE responses (
+            id VARCHAR(100) NOT NULL PRIMARY KEY,
+            key_id VARCHAR(32) NOT NULL,
+            created_at {DOUBLE} NOT NULL,
+            model VARCHAR(200) NOT NULL,
+            previous_id VARCHAR(100),
+            input TEXT NOT NULL,
+            context TEXT NOT NULL,
+            body TEXT NOT NULL)""",
+        "CREATE INDEX storedresponse_created_at ON responses (created_at)",
+    )
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -358,6 +376,7 @@ MIGRATIONS = [
     m009_operators,
     m010_usage_row_id,
     m011_usage_api,
+    m012_responses,
 ]
 
 

@@ -236,6 +236,23 @@ class Operator(BaseModel):
         table_name = "operators"
 
 
+class StoredResponse(BaseModel):
+    """A Responses API answer the router keeps (m012), for previous_response_id, GET and
+    input_items; only the key that made it sees it. Pruned with usage.retention_days."""
+
+    id = peewee.CharField(max_length=100, primary_key=True)
+    key_id = peewee.CharField(max_length=32)
+    created_at = peewee.DoubleField(index=True)
+    model = peewee.CharField(max_length=200)
+    previous_id = peewee.CharField(max_length=100, null=True)
+    input = peewee.TextField()  # this request's input items (JSON)
+    context = peewee.TextField()  # the conversation's items before them (JSON)
+    body = peewee.TextField()  # the response object as answered (JSON)
+
+    class Meta:
+        table_name = "responses"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,
@@ -251,4 +268,5 @@ ALL_MODELS = [
     Lease,
     SchedulerSeen,
     ReplicaIntent,
+    StoredResponse,
 ]

@@ -1,7 +1,7 @@
 """A fake engine that speaks enough of the OpenAI API to test the router against.
 
 Run it as `python tests/fake_engine.py --port N [--key K | --key-file PATH]`. It answers
-chat, completions and embeddings, streams SSE the way llama-server does, and can be told
+chat, completions, embeddings and reranking, streams SSE the way llama-server does, and can be told
 how to misbehave with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S,
 "first_delay_s": S, "n_slots": N, "extra_busy": N}` (`GET /slots` shows `n_slots` slots,
 64 unless told, busy with its own requests and `extra_busy` more):
@@ -59,6 +59,8 @@ class Engine:
         app.router.add_post("/v1/chat/completions", self.generate)
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/rerank", self.rerank)
+        app.router.add_post("/v1/reranking", self.rerank)
         app.router.add_get("/health", self.health)
         app.router.add_post("/_control", self.control)
         app.router.add_get("/_stats", self.stats)
@@ -126,6 +128,28 @@ class Engine:
                 "data": data,
                 "model": self.model,
                 "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)},
+            }
+        )
+
+    async def rerank(self, request):
+        """As llama-server's: a score per document, the longer the higher."""
+        denied = self._check(request)
+        if denied:
+            return denied
+        body = await request.json()
+        self.requests += 1
+        self.last_headers, self.last_body = dict(request.headers), body
+        docs = body["documents"]
+        results = sorted(
+            ({"index": i, "relevance_score": float(len(d))} for i, d in enumerate(docs)),
+            key=lambda r: -r["relevance_score"],
+        )[: body.get("top_n") or len(docs)]
+        return web.json_response(
+            {
+                "model": self.model,
+                "object": "list",
+                "usage": {"prompt_tokens": 4 * len(docs), "total_tokens": 4 * len(docs)},
+                "results": results,
             }
         )
 

@@ -15,7 +15,15 @@ from llmgw_router.keycache import KeyCache
 from llmgw_router.leases import Leaser
 from llmgw_router.limits import Limiter
 from llmgw_router.policy import Policies
-from llmgw_router.proxy import CHAT, COMPLETIONS, EMBEDDINGS, Proxy, request_id
+from llmgw_router.proxy import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    RERANK,
+    RERANKING,
+    Proxy,
+    request_id,
+)
 from llmgw_router.quota import Quota
 from llmgw_router.routing import RoutingTable
 from llmgw_router.upstream import Pool
@@ -139,6 +147,8 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
     app.router.add_post(CHAT.path, via_proxy("forward", CHAT))
     app.router.add_post(COMPLETIONS.path, via_proxy("forward", COMPLETIONS))
     app.router.add_post(EMBEDDINGS.path, via_proxy("forward", EMBEDDINGS))
+    app.router.add_post(RERANK.path, via_proxy("forward", RERANK))
+    app.router.add_post(RERANKING.path, via_proxy("forward", RERANKING))
     for route in dialects.ROUTES:
         app.router.add_post(route.path, dialects.handler(route))
     app.router.add_get("/v1/responses/{response_id}", responses_api.retrieve)

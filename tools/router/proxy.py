@@ -62,6 +62,10 @@ class Route:
 CHAT = Route("/v1/chat/completions", "messages", (list,), True)
 COMPLETIONS = Route("/v1/completions", "prompt", (str, list), True)
 EMBEDDINGS = Route("/v1/embeddings", "input", (str, list), False, max_tokens_field="")
+# Reranking (llama-server with --reranking, vLLM, TEI-style servers): passed through
+# under both names engines use for it.
+RERANK = Route("/v1/rerank", "documents", (list,), False, max_tokens_field="")
+RERANKING = Route("/v1/reranking", "documents", (list,), False, max_tokens_field="")
 
 
 class Proxy:

@@ -217,7 +217,12 @@ def test_a_message_is_passed_through_to_llama_servers_own_messages_api(gateway):
 
 
 def test_a_response_is_passed_through_and_continued_by_the_routers_own_state(client, gateway):
-    first = client.responses.create(model=MODEL, input="Hello", max_output_tokens=8)
+    # Items as OpenAI's API takes them, without a type (llama-server wants one said).
+    first = client.responses.create(
+        model=MODEL, max_output_tokens=8,
+        input=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+               {"role": "user", "content": "Hello"}],
+    )  # fmt: skip
     # llama-server refuses previous_response_id: the router sends the whole conversation.
     second = client.responses.create(
         model=MODEL, input="Say it again", max_output_tokens=8, previous_response_id=first.id
@@ -234,5 +239,5 @@ def test_a_response_is_passed_through_and_continued_by_the_routers_own_state(cli
     assert done.type == "response.completed" and done.response.usage.output_tokens > 0
     assert client.responses.retrieve(done.response.id).previous_response_id == second.id
     items = client.responses.input_items.list(done.response.id, order="asc")
-    assert len(items.data) == 5
+    assert len(items.data) == 7
     assert "engine_lacks_path" not in gateway.router.log()

@@ -138,3 +138,10 @@ def test_a_streamed_tool_call_becomes_a_function_call_item_with_its_arguments():
     assert done["output"][1]["call_id"] == "call_a1"
     assert done["output"][1]["arguments"] == '{"city":"Oslo"}'
     assert done["usage"]["input_tokens"] == 40
+
+
+def test_input_items_without_a_type_are_said_to_be_messages():
+    assert responses.items([{"role": "assistant", "content": "hi"}, {"type": "x"}]) == [
+        {"type": "message", "role": "assistant", "content": "hi"},
+        {"type": "x"},
+    ]

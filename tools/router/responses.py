@@ -43,10 +43,15 @@ def new_id(prefix: str) -> str:
 
 
 def items(value) -> list[dict]:
-    """A request's input as a list of items (a string is one user message)."""
+    """A request's input as a list of items (a string is one user message), each with
+    its type said: OpenAI's API takes `{"role", "content"}` as a message, and
+    llama-server refuses it ("Cannot determine type of 'item'")."""
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": value}]
-    return list(value)
+    return [
+        {"type": "message", **item} if isinstance(item, dict) and "type" not in item else item
+        for item in value
+    ]
 
 
 def to_chat(body: dict) -> dict:

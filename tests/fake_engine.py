@@ -53,6 +53,7 @@ class Engine:
         self.active = 0
         self.last_headers: dict = {}
         self.last_body: dict = {}
+        self.unknown_paths: list[str] = []
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -65,7 +66,13 @@ class Engine:
         app.router.add_post("/_control", self.control)
         app.router.add_get("/_stats", self.stats)
         app.router.add_get("/slots", self.slots)
+        app.router.add_route("*", "/{tail:.*}", self.unknown)
         return app
+
+    async def unknown(self, request):
+        """A path it does not serve (/v1/messages, /v1/responses): 404, and noted."""
+        self.unknown_paths.append(request.path)
+        return web.json_response({"error": {"message": "File Not Found"}}, status=404)
 
     async def health(self, request):
         return web.json_response({"status": "ok"})
@@ -90,6 +97,7 @@ class Engine:
                 "active": self.active,
                 "last_headers": self.last_headers,
                 "last_body": self.last_body,
+                "unknown_paths": self.unknown_paths,
             }
         )
 

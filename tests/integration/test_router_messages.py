@@ -132,3 +132,22 @@ def test_counting_tokens_is_recorded_without_tokens(client):
     assert (row.api, row.prompt_tokens, row.completion_tokens) == (
         "/v1/messages/count_tokens", 0, 0,
     )  # fmt: skip
+
+
+def test_a_model_whose_catalog_engine_lacks_the_api_is_translated_from_the_first_request(
+    limited_router, engine, client_for
+):
+    secret = ctl("keys", "create", "--name", "v")["secret"]
+    catalog = ('[[models]]\nname = "m"\nsource = "/models/m"\nengine = "vllm"\n'
+               "[models.profile]\ngpus = 1\n")  # fmt: skip
+    router = limited_router(secret, extra=catalog)
+    msg = client_for(router.url, secret).messages.create(model="m", max_tokens=5, messages=HI)
+    assert msg.content[0].text == "The quick brown fox jumps"
+    assert engine.stats()["unknown_paths"] == []  # straight to chat: no refused request first
+
+
+def test_an_engine_that_lacks_the_api_is_asked_natively_only_once(client, engine):
+    for _ in range(3):
+        client.messages.create(model="m", max_tokens=5, messages=HI)
+    assert engine.stats()["unknown_paths"] == ["/v1/messages"]
+    assert engine.stats()["requests"] == 3

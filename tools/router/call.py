@@ -207,7 +207,13 @@ class Call:
         """(request line, body) for this endpoint: as asked, or translated to chat for an
         engine known not to serve the path; a 400 naming a field chat cannot carry."""
         dialect = self.route.dialect
-        self.translating = dialect is not None and (ep.url, self.route.path) in self.proxy.lacking
+        if dialect is None:
+            return self.route.head, body
+        self.translating = (ep.url, self.route.path) in self.proxy.lacking
+        if not self.translating and dialect.without:
+            policies = self.proxy.policies
+            info = policies.model(self.model) if policies is not None else None
+            self.translating = info is not None and info.engine in dialect.without
         if not self.translating:
             return self.route.head, body
         try:

@@ -46,6 +46,9 @@ class Dialect:
     translate: Callable[[dict, str], Translation]  # (request, served model); Untranslatable
     error: Callable[[int, dict], tuple[int, dict]] | None = None
     error_event: Callable[[str, int], bytes] | None = None
+    # Catalog engines known not to serve the API: their models' requests are translated
+    # from the first, without a refused request to learn it from.
+    without: frozenset = frozenset()
 
 
 def _messages(body: dict, model: str) -> Translation:
@@ -64,8 +67,16 @@ def _responses(body: dict, model: str) -> Translation:
     )
 
 
-ANTHROPIC = Dialect("anthropic", _messages, anthropic.error, anthropic.error_event)
-ANTHROPIC_COUNT = Dialect("anthropic", _count, anthropic.error, anthropic.error_event)
+# vLLM's Anthropic endpoint is younger than the vLLM versions in use: translate for it.
+# (An engine wrongly listed here still answers, translated; one wrongly left out costs
+# one refused request per endpoint.)
+_NO_MESSAGES = frozenset(("vllm",))
+ANTHROPIC = Dialect(
+    "anthropic", _messages, anthropic.error, anthropic.error_event, without=_NO_MESSAGES
+)
+ANTHROPIC_COUNT = Dialect(
+    "anthropic", _count, anthropic.error, anthropic.error_event, without=_NO_MESSAGES
+)
 RESPONSES = Dialect("responses", _responses, None, responses.error_event)
 
 MESSAGES = Route(

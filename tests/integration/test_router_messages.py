@@ -151,3 +151,22 @@ def test_an_engine_that_lacks_the_api_is_asked_natively_only_once(client, engine
         client.messages.create(model="m", max_tokens=5, messages=HI)
     assert engine.stats()["unknown_paths"] == ["/v1/messages"]
     assert engine.stats()["requests"] == 3
+
+
+def test_a_saturated_model_is_overloaded_error_529(limited_router, engine, client_for):
+    # The engine's own /slots says its one slot is busy (another router's request).
+    engine.control(n_slots=1, extra_busy=1)
+    secret = ctl("keys", "create", "--name", "busy")["secret"]
+    router = limited_router(secret, extra="queue_deadline_s = 0.3\nengine_probe_s = 0.1\n")
+    c = client_for(router.url, secret)
+
+    def overloaded():
+        try:
+            c.messages.create(model="m", max_tokens=5, messages=HI)
+        except anthropic.APIStatusError as e:
+            return e if e.status_code == 529 else None
+        return None
+
+    err = eventually(overloaded, what="the probe to see /slots busy")
+    assert err.body["error"]["type"] == "overloaded_error"
+    assert int(err.response.headers["retry-after"]) >= 1

@@ -6,6 +6,7 @@ import pytest
 
 from tests.helpers import eventually, start_router
 from tests.integration.conftest import ENGINE_KEY, ctl
+from tests.integration.test_router_admission import CATALOG
 
 
 def client_for(url, secret):
@@ -131,3 +132,16 @@ def test_a_response_made_through_one_router_continues_through_another(pg_store, 
     finally:
         for proc in procs:
             proc.stop()
+
+
+def test_a_response_falls_back_and_its_continuation_names_the_model_that_answered(
+    limited_router, engine
+):
+    secret = ctl("keys", "create", "--name", "fb")["secret"]
+    router = limited_router(secret, extra=CATALOG, models=("small",))
+    with client_for(router.url, secret) as c:
+        raw = c.responses.with_raw_response.create(model="big", input="hi")
+        made = raw.parse()
+        assert raw.headers["x-llmgw-served-model"] == "small"
+        assert made.model == "small" and engine.stats()["last_body"]["model"] == "small"
+        assert c.responses.retrieve(made.id).model == "small"

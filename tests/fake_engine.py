@@ -17,7 +17,9 @@ Like llama-server, it answers with its weights' path as `model` (one with a quot
 trailing backslash, so JSON escapes it) unless started with `--alias NAME`.
 
 `GET /_stats` says how many requests it saw, which were cancelled by the client, and the
-last request's headers and body, so tests can check what the router forwarded.
+last request's headers and body, so tests can check what the router forwarded. Any other
+path (as /v1/messages or /v1/responses: it serves neither) is answered 404 and listed in
+`unknown_paths`.
 """
 
 import argparse

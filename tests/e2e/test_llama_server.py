@@ -214,6 +214,18 @@ def test_a_message_is_passed_through_to_llama_servers_own_messages_api(gateway):
     assert counted.input_tokens > 0
     # Natively served: the router never had to learn that the engine lacks the path.
     assert "engine_lacks_path" not in gateway.router.log()
+    # Usage read from Anthropic's own fields, in the whole answer and in the stream's
+    # message_start and message_delta events.
+    db = open_store(gateway.store)
+    try:
+        rows = eventually(
+            lambda: list(Usage.select().where(Usage.api == "/v1/messages"))
+            if Usage.select().where(Usage.api == "/v1/messages").count() == 2 else None,
+            timeout=10, what="two usage rows for /v1/messages",
+        )  # fmt: skip
+    finally:
+        db.close()
+    assert all(r.prompt_tokens > 0 and r.completion_tokens > 0 for r in rows), rows
 
 
 def test_a_response_is_passed_through_and_continued_by_the_routers_own_state(client, gateway):

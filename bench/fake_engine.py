@@ -5,7 +5,9 @@
 POST /v1/chat/completions answers a small fixed completion (with `usage`), or with
 `"stream": true` a `--chunks`-chunk SSE stream, `--gap-ms` apart so that a proxy sees
 each chunk as its own read (as with a real engine), then a usage chunk when
-`stream_options.include_usage` is true, then `data: [DONE]`. GET /health answers 200.
+`stream_options.include_usage` is true, then `data: [DONE]`. POST /v1/messages answers a
+fixed Anthropic message, as an engine that serves that API itself (404 with --chat-only,
+so the router translates). GET /health answers 200.
 HTTP/1.1 keep-alive throughout: Content-Length for plain answers, chunked for streams.
 """
 
@@ -48,6 +50,22 @@ COMPLETION = _plain(
                 }
             ],
             "usage": USAGE,
+        }
+    ),
+)
+# Anthropic's Messages API answered natively (as llama-server does), unless --chat-only.
+MESSAGE = _plain(
+    "200 OK",
+    _json(
+        {
+            "id": "msg_bench",
+            "type": "message",
+            "role": "assistant",
+            "model": MODEL,
+            "content": [{"type": "text", "text": "Hello from the fake engine!"}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 9, "output_tokens": 20},
         }
     ),
 )
@@ -94,8 +112,8 @@ DONE = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 class EngineProtocol(asyncio.Protocol):
     """One client connection: requests are answered in order, one at a time."""
 
-    def __init__(self, events: list[bytes], gap_s: float):
-        self.events, self.gap_s = events, gap_s
+    def __init__(self, events: list[bytes], gap_s: float, messages: bool = True):
+        self.events, self.gap_s, self.messages = events, gap_s, messages
         self.buf = bytearray()
         self.transport = None
         self.streaming = False
@@ -161,6 +179,8 @@ class EngineProtocol(asyncio.Protocol):
                 asyncio.get_running_loop().create_task(self.stream(usage))
             else:
                 self.transport.write(COMPLETION)
+        elif method == b"POST" and path == b"/v1/messages" and self.messages:
+            self.transport.write(MESSAGE)
         else:
             self.transport.write(NOT_FOUND)
 
@@ -201,11 +221,11 @@ def _dechunk(buf: bytearray, pos: int):
         pos += size + 2
 
 
-async def serve(host: str, port: int, chunks: int, gap_ms: float):
+async def serve(host: str, port: int, chunks: int, gap_ms: float, messages: bool = True):
     loop = asyncio.get_running_loop()
     events = stream_events(chunks)
     server = await loop.create_server(
-        lambda: EngineProtocol(events, gap_ms / 1000), host, port, backlog=1024
+        lambda: EngineProtocol(events, gap_ms / 1000, messages), host, port, backlog=1024
     )
     async with server:
         await server.serve_forever()
@@ -217,9 +237,12 @@ def main():
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunks", type=int, default=20, help="content chunks per stream")
     parser.add_argument("--gap-ms", type=float, default=0.0, help="pause between chunks")
+    parser.add_argument(
+        "--chat-only", action="store_true", help="answer /v1/messages 404, as vLLM may"
+    )
     args = parser.parse_args()
     try:
-        uvloop.run(serve(args.host, args.port, args.chunks, args.gap_ms))
+        uvloop.run(serve(args.host, args.port, args.chunks, args.gap_ms, not args.chat_only))
     except KeyboardInterrupt:
         pass
 

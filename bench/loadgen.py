@@ -22,6 +22,12 @@ def chat_body(stream: bool) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+def messages_body(model: str) -> bytes:
+    """An Anthropic Messages request asking what chat_body asks."""
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 20}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def raw_request(host: str, port: int, path: str, body: bytes, api_key: str = "") -> bytes:
     auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
     head = (

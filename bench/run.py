@@ -80,6 +80,32 @@ class Bench:
         spent = targets.cpu_ns(target.pids()) - before
         return result, spent
 
+    def front_door(self, target) -> list[str]:
+        """CPU per request of a chat completion, a Messages call the engine serves itself
+        and one translated to chat, through one router, one after another."""
+        phases = [
+            ("chat completion", loadgen.CHAT_PATH, loadgen.chat_body(False)),
+            ("Messages, native", "/v1/messages", loadgen.messages_body(targets.MODEL)),
+            ("Messages, translated", "/v1/messages",
+             loadgen.messages_body(targets.FrontDoorRouter.TRANSLATED_MODEL)),
+        ]  # fmt: skip
+        spent = {}
+        for what, path, body in phases:
+            raw = loadgen.raw_request(HOST, target.port, path, body, target.api_key)
+            run = loadgen.run(HOST, target.port, raw, WARMUP_N, CPU_C, WARMUP_S)
+            self.runner.run(run)
+            before = targets.cpu_ns(target.pids())
+            r = self.runner.run(loadgen.run(HOST, target.port, raw, CPU_N, CPU_C, CPU_S))
+            ns = targets.cpu_ns(target.pids()) - before
+            if r.errors or not r.ok:
+                return [f"front door: {what} failed: {r.first_error}"]
+            spent[what] = ns / r.ok / 1e3
+        base = spent["chat completion"]
+        return [
+            f"CPU per request, {what}: {us:.0f} µs ({us / base:.2f}× a chat completion)"
+            for what, us in spent.items()
+        ]
+
     def wait_working(self, target, timeout_s: float = 15) -> None:
         """Until a request succeeds (a new API key takes the router up to ~2 s)."""
         deadline = time.monotonic() + timeout_s
@@ -327,7 +353,9 @@ def machine() -> str:
     )
 
 
-def write_results(path: Path, results, rows, pinning: str, when: str, gap_ms: float) -> None:
+def write_results(
+    path: Path, results, rows, pinning: str, when: str, gap_ms: float, front=()
+) -> None:
     pacing = f"{gap_ms:g} ms apart" if gap_ms else "each its own write, back to back"
     text = f"""# Benchmark: llmgw-router and its peers
 
@@ -342,6 +370,12 @@ Machine: {machine()}. {pinning}
 llmgw-router against its bar:
 
 {chr(10).join("- " + c for c in bar_check(results)) or "- (router not measured)"}
+
+The front door (`llmgw-frontdoor`: one router, model `bench` on an engine that serves
+Anthropic's Messages itself, `bench-chat` on one that serves only chat, so the router
+translates), non-streaming, at concurrency {CPU_C}:
+
+{chr(10).join("- " + f for f in front) or "- (not measured)"}
 
 ## Method
 
@@ -417,6 +451,11 @@ def parse_args():
              "pause every chunk wakes the proxy, which on an idle VM costs far more CPU)",
     )  # fmt: skip
     parser.add_argument(
+        "--front-door-only", action="store_true",
+        help="measure only the front door: CPU per request of a chat completion, and of "
+             "Anthropic Messages native and translated, through one router",
+    )  # fmt: skip
+    parser.add_argument(
         "--every-level", action="store_true",
         help="also measure the router with rpm and tpm limits on the key's user, project, "
              "team and org besides the key's own limits and budgets",
@@ -429,8 +468,9 @@ def parse_args():
     return args
 
 
-def preflight(peers: list[str]) -> None:
-    missing = [tool for tool in ("wrk", "taskset") if shutil.which(tool) is None]
+def preflight(peers: list[str], front_door_only: bool = False) -> None:
+    tools = ("taskset",) if front_door_only else ("wrk", "taskset")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if "nginx" in peers and not (shutil.which("nginx") or Path("/usr/sbin/nginx").exists()):
         missing.append("nginx")
     if missing:
@@ -443,7 +483,9 @@ def preflight(peers: list[str]) -> None:
 
 def main() -> int:
     args = parse_args()
-    preflight(args.peers)
+    if args.front_door_only:
+        args.peers = []
+    preflight(args.peers, args.front_door_only)
     WORK.mkdir(parents=True, exist_ok=True)
 
     def on_signal(signum, frame):
@@ -477,11 +519,20 @@ def main() -> int:
                  targets.NoSpoolRouter, targets.LimitedRouter]  # fmt: skip
         if args.every_level:
             kinds.append(targets.EveryLevelRouter)
+        if args.front_door_only:
+            kinds = [targets.FrontDoorRouter]
+        else:
+            kinds.append(targets.FrontDoorRouter)
+        front = []
         for kind in kinds:
             target = kind(engine, proxy_cpu)
             print(f"bench: {target.label}", flush=True)
             try:
                 target.start()
+                if isinstance(target, targets.FrontDoorRouter):
+                    bench.wait_working(target)
+                    front = bench.front_door(target)
+                    continue
                 m = bench.measure(target)
                 if args.profile and isinstance(target, targets.Router):
                     print("  llmgw: profiling with py-spy", flush=True)
@@ -498,14 +549,17 @@ def main() -> int:
                 target.stop()
             results.append(m)
 
+    if args.front_door_only:  # no table, and bench/RESULTS.md is left as it was
+        print("\n".join(["", *front]))
+        return 0 if front and "failed" not in front[0] else 1
     rows = table_rows(results)
     print()
     print(text_table(rows))
     print()
-    for line in notes(results) + bar_check(results):
+    for line in notes(results) + bar_check(results) + front:
         print(line)
     results_md = targets.BENCH / "RESULTS.md"
-    write_results(results_md, results, rows, pinning, when, args.chunk_gap_ms)
+    write_results(results_md, results, rows, pinning, when, args.chunk_gap_ms, front)
     print(f"\nbench: wrote {results_md.relative_to(targets.ROOT)}")
     if profile is not None:
         profile_md = targets.BENCH / "PROFILE.md"

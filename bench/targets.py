@@ -180,11 +180,12 @@ def cpu_ns(pids: list[int]) -> int:
 
 
 class Engine:
-    def __init__(self, cpu: int | None, chunks: int, gap_ms: float):
+    def __init__(self, cpu: int | None, chunks: int, gap_ms: float, chat_only: bool = False):
         self.cpu, self.chunks, self.gap_ms = cpu, chunks, gap_ms
+        self.chat_only = chat_only
         self.port = free_port()
         self.proc = None
-        self.log = WORK / "engine.log"
+        self.log = WORK / ("engine-chat-only.log" if chat_only else "engine.log")
 
     @property
     def url(self) -> str:
@@ -193,6 +194,8 @@ class Engine:
     def start(self) -> None:
         cmd = [sys.executable, str(BENCH / "fake_engine.py"), "--port", str(self.port),
                "--chunks", str(self.chunks), "--gap-ms", str(self.gap_ms)]  # fmt: skip
+        if self.chat_only:
+            cmd.append("--chat-only")
         self.proc = spawn(cmd, self.log, self.cpu)
         try:
             wait_ready(self.url + "/health", self.proc, self.log, 10, "fake engine")
@@ -462,6 +465,28 @@ class NoSpoolRouter(Router):
     name = "llmgw-nospool"
     label = "llmgw-router with the usage spool off"
     router_extra = "usage_spool = false\n"
+
+
+class FrontDoorRouter(Router):
+    """The same router with a second endpoint, an engine that serves only chat: model
+    `bench` answers Anthropic's Messages natively, `bench-chat` through translation."""
+
+    name = "llmgw-frontdoor"
+    label = "llmgw-router, Anthropic Messages native and translated"
+    TRANSLATED_MODEL = "bench-chat"
+
+    def start(self) -> None:
+        self.chat_only = Engine(self.engine.cpu, self.engine.chunks, self.engine.gap_ms, True)
+        self.chat_only.start()
+        self.extra = (
+            f'[[router.endpoints]]\nid = "chat-only"\nurl = "{self.chat_only.url}"\n'
+            f'models = ["{self.TRANSLATED_MODEL}"]\nkey = "@engine.key"\n'
+        )
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        self.chat_only.stop()
 
 
 class LimitedRouter(Router):

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import anthropic
 import openai
 import requests
 
@@ -208,6 +209,29 @@ def talk(base: str, api_key: str) -> None:
             print(chunk.choices[0].delta.content, end="", flush=True)
     print()
 
+    # The Responses API: the router keeps the conversation, so the second turn sends only
+    # its own input and names the first (llama-server itself is stateless).
+    first = client.responses.create(
+        model=MODEL, input=messages[:2], max_output_tokens=24, temperature=0
+    )
+    second = client.responses.create(
+        model=MODEL, input=messages[2]["content"], previous_response_id=first.id,
+        max_output_tokens=24, temperature=0,
+    )  # fmt: skip
+    print(f"\n--- responses (continuing {first.id[:16]}…) ---")
+    print(f"user: {messages[2]['content']}\nassistant: {second.output_text.splitlines()[0]}")
+
+    # Anthropic's Messages API, through Anthropic's own SDK: same key, same model.
+    with anthropic.Anthropic(base_url=base, api_key=api_key, max_retries=0) as claude:
+        with claude.messages.stream(
+            model=MODEL, max_tokens=24, messages=messages, stop_sequences=["\n"]
+        ) as stream:
+            print(f"\n--- anthropic messages, streamed ---\nuser: {messages[-1]['content']}")
+            print("assistant: ", end="")
+            for text in stream.text_stream:
+                print(text, end="", flush=True)
+    print()
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -259,6 +283,7 @@ def main() -> None:
 llmgw is serving {MODEL} at {base}/v1
   API key:  {api_key}
   OpenAI:   OpenAI(base_url="{base}/v1", api_key="{api_key}")
+  Anthropic: Anthropic(base_url="{base}", api_key="{api_key}")
   curl:     curl -s {base}/v1/completions -H "Authorization: Bearer {api_key}" \\
               -H "Content-Type: application/json" \\
               -d '{{"model": "{MODEL}", "prompt": "Once upon a time", "max_tokens": 32}}'

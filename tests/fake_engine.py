@@ -1,7 +1,7 @@
 """A fake engine that speaks enough of the OpenAI API to test the router against.
 
 Run it as `python tests/fake_engine.py --port N [--key K | --key-file PATH]`. It answers
-chat, completions and embeddings, streams SSE the way llama-server does, and can be told
+chat, completions, embeddings and reranking, streams SSE the way llama-server does, and can be told
 how to misbehave with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S,
 "first_delay_s": S, "n_slots": N, "extra_busy": N}` (`GET /slots` shows `n_slots` slots,
 64 unless told, busy with its own requests and `extra_busy` more):
@@ -17,7 +17,9 @@ Like llama-server, it answers with its weights' path as `model` (one with a quot
 trailing backslash, so JSON escapes it) unless started with `--alias NAME`.
 
 `GET /_stats` says how many requests it saw, which were cancelled by the client, and the
-last request's headers and body, so tests can check what the router forwarded.
+last request's headers and body, so tests can check what the router forwarded. Any other
+path (as /v1/messages or /v1/responses: it serves neither) is answered 404 and listed in
+`unknown_paths`.
 """
 
 import argparse
@@ -53,17 +55,26 @@ class Engine:
         self.active = 0
         self.last_headers: dict = {}
         self.last_body: dict = {}
+        self.unknown_paths: list[str] = []
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.generate)
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/rerank", self.rerank)
+        app.router.add_post("/v1/reranking", self.rerank)
         app.router.add_get("/health", self.health)
         app.router.add_post("/_control", self.control)
         app.router.add_get("/_stats", self.stats)
         app.router.add_get("/slots", self.slots)
+        app.router.add_route("*", "/{tail:.*}", self.unknown)
         return app
+
+    async def unknown(self, request):
+        """A path it does not serve (/v1/messages, /v1/responses): 404, and noted."""
+        self.unknown_paths.append(request.path)
+        return web.json_response({"error": {"message": "File Not Found"}}, status=404)
 
     async def health(self, request):
         return web.json_response({"status": "ok"})
@@ -88,6 +99,7 @@ class Engine:
                 "active": self.active,
                 "last_headers": self.last_headers,
                 "last_body": self.last_body,
+                "unknown_paths": self.unknown_paths,
             }
         )
 
@@ -126,6 +138,28 @@ class Engine:
                 "data": data,
                 "model": self.model,
                 "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)},
+            }
+        )
+
+    async def rerank(self, request):
+        """As llama-server's: a score per document, the longer the higher."""
+        denied = self._check(request)
+        if denied:
+            return denied
+        body = await request.json()
+        self.requests += 1
+        self.last_headers, self.last_body = dict(request.headers), body
+        docs = body["documents"]
+        results = sorted(
+            ({"index": i, "relevance_score": float(len(d))} for i, d in enumerate(docs)),
+            key=lambda r: -r["relevance_score"],
+        )[: body.get("top_n") or len(docs)]
+        return web.json_response(
+            {
+                "model": self.model,
+                "object": "list",
+                "usage": {"prompt_tokens": 4 * len(docs), "total_tokens": 4 * len(docs)},
+                "results": results,
             }
         )
 

@@ -15,7 +15,7 @@ a report reaching back past the last rollup counts those days whole.
 import peewee
 
 from llmgw import periods
-from llmgw.store import Usage
+from llmgw.store import StoredResponse, Usage
 from llmgw.store.tenancy import UsageDaily, UsageDay
 
 DAY = 86400
@@ -33,7 +33,12 @@ def rollup(now: float, retention_days: int) -> dict:
     until = periods.day_start(now - GRACE_S)  # days before this are complete
     cutoff = periods.day_start(now) - retention_days * DAY if retention_days > 0 else None
     first = Usage.select(peewee.fn.MIN(Usage.at)).where(Usage.at < until).scalar()
-    done = {"days_rolled_up": 0, "rollup_rows": 0, "raw_rows_pruned": 0}
+    done = {"days_rolled_up": 0, "rollup_rows": 0, "raw_rows_pruned": 0, "responses_pruned": 0}
+    if cutoff is not None:
+        # Stored Responses API conversations hold what people wrote: kept no longer
+        # than the usage rows that record them.
+        old = StoredResponse.created_at < cutoff
+        done["responses_pruned"] = StoredResponse.delete().where(old).execute()
     if first is None:
         return done
     marks = {d.day: d for d in UsageDay.select()}

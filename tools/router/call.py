@@ -14,7 +14,7 @@ from aiohttp import web
 
 from llmgw import log
 from llmgw_router import metrics
-from llmgw_router.errors import api_error
+from llmgw_router.errors import Untranslatable, api_error
 from llmgw_router.routing import Endpoint
 from llmgw_router.upstream import Response, UpstreamError
 
@@ -28,6 +28,10 @@ _RETRY_STATUSES = frozenset((502, 503, 504))
 
 _DONE = b"data: [DONE]"
 _MODEL_KEY = b'"model"'
+
+# An engine's answer on a path it does not serve at all (rather than a bad request).
+_NO_SUCH_PATH = frozenset((404, 405, 501))
+_CHAT_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\n"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -97,7 +101,7 @@ class Call:
         "proxy", "request", "route", "rid", "model", "stream", "client_usage", "headers",
         "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
         "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
-        "before_done", "_broke", "field",
+        "before_done", "_broke", "field", "translator", "translating",
     )  # fmt: skip
 
     def __init__(self, proxy, request, route, rid, model, stream, client_usage, t0, headers):
@@ -129,6 +133,9 @@ class Call:
         # cannot leave a complete answer without its row.
         self.before_done = None
         self._broke = ""  # why the last attempt broke before the client had anything
+        # Another API's request sent to an engine that lacks its path, as chat (dialects.py).
+        self.translating = False
+        self.translator = None  # the request as chat, and chat's answers back (dialects.py)
 
     # -- the attempt loop ------------------------------------------------------------
 
@@ -140,26 +147,35 @@ class Call:
             self._waiting_first = True
             self._arm_keepalive()
         self.overhead = time.perf_counter() - self.t0
+        attempts = proxy.retries + 1
         try:
-            for _attempt in range(proxy.retries + 1):
+            while attempts > 0:
+                attempts -= 1
                 now = time.monotonic()
                 ep = table.pick(self.model, now, tried)
                 if ep is None:
                     break
                 tried.append(ep)
                 self.endpoint = ep
+                sent = self._translate(ep, body)
+                if isinstance(sent, web.Response):
+                    return self._finish(sent)
+                line, sent = sent
                 ep.outstanding += 1
-                head = b"".join(
-                    (self.route.head, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n")
-                )
+                head = b"".join((line, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n"))
                 try:
-                    upstream = await proxy.pool.request(proxy.pool.origin(ep.url), head, body)
+                    upstream = await proxy.pool.request(proxy.pool.origin(ep.url), head, sent)
                 except UpstreamError as e:
                     ep.outstanding -= 1
                     last_reason = self._upstream_failed(ep, e, e.kind)
                     continue
                 try:
                     await self._settle()
+                    if self._lacks_path(ep, upstream.status):
+                        await upstream.read()
+                        tried.pop()  # the same endpoint again, in chat: not a failure
+                        attempts += 1
+                        continue
                     if upstream.status in _RETRY_STATUSES and self.resp is None:
                         text = (await upstream.read())[:300].decode(errors="replace")
                         last_reason = self._upstream_failed(
@@ -186,6 +202,48 @@ class Call:
             self._stop_keepalive()
             if self._keepalive_task is not None:
                 self._keepalive_task.cancel()
+
+    def _translate(self, ep: Endpoint, body: bytes):
+        """(request line, body) for this endpoint: as asked, or translated to chat for an
+        engine known not to serve the path; a 400 naming a field chat cannot carry."""
+        dialect = self.route.dialect
+        if dialect is None:
+            return self.route.head, body
+        self.translating = (ep.url, self.route.path) in self.proxy.lacking
+        if not self.translating and dialect.without:
+            policies = self.proxy.policies
+            info = policies.model(self.model) if policies is not None else None
+            self.translating = info is not None and info.engine in dialect.without
+        if not self.translating:
+            return self.route.head, body
+        try:
+            self.translator = dialect.translate(
+                json.loads(body), self.proxy.served_name(self.model)
+            )
+        except Untranslatable as e:
+            self.status = 400
+            return api_error(
+                400,
+                f"'{e.field}' cannot be carried: this model's engine does not serve"
+                f" {self.route.path}, and its request is translated to chat completions,"
+                " which have no such field.",
+                "invalid_request_error",
+                "unsupported_parameter",
+                self.rid,
+                param=e.field,
+            )
+        return _CHAT_HEAD, json.dumps(self.translator.chat).encode()
+
+    def _lacks_path(self, ep: Endpoint, status: int) -> bool:
+        """A native request the engine answered as a path it does not have: remember it,
+        so this and later requests go to it translated."""
+        if status not in _NO_SUCH_PATH or self.route.dialect is None or self.translating:
+            return False
+        if self.resp is not None:
+            return False
+        self.proxy.lacking.add((ep.url, self.route.path))
+        _log.info("engine_lacks_path", endpoint=ep.id, path=self.route.path, status=status)
+        return True
 
     def _upstream_failed(self, ep: Endpoint, err, kind: str) -> str:
         reason = str(err) or type(err).__name__
@@ -237,7 +295,11 @@ class Call:
         self.status = upstream.status
         if upstream.status == 200:
             self._take_usage(data)
-            data = set_model(data, self.field)
+            if self.translating:
+                data = self.translator.whole(data)
+            else:
+                data = set_model(data, self.field)
+            data = self._final(data)
         elif self.resp is None:
             data = engine_error_body(upstream.status, data)
         if self.resp is not None:  # the stream was committed by a keepalive: say it in-band
@@ -255,29 +317,33 @@ class Call:
         self.status = 200
         buf = b""
         done = False
+        # A chat stream ends with [DONE]; another API's own stream with its own event.
+        end = _DONE if self.translating or self.route.dialect is None else self.route.done
         try:
             while (chunk := await upstream.next()) is not None:
                 t = time.perf_counter()
                 buf += chunk
-                end = buf.rfind(b"\n\n")
-                if end < 0:
+                cut = buf.rfind(b"\n\n")
+                if cut < 0:
                     continue
-                out, buf = self._filter_events(buf[: end + 2]), buf[end + 2 :]
+                out, buf = self._filter_events(buf[: cut + 2]), buf[cut + 2 :]
                 if self.t_first is None and self.events:
                     self.t_first = t
                     self._stop_keepalive()
                 if out:
-                    if _DONE in out:
+                    if end in out:
                         self._done()
-                    await self._write(set_model(out, self.field))
+                        await self._write(self._final(self._shape(out)))
+                    else:
+                        await self._write(self._shape(out))
                 self.overhead += time.perf_counter() - t
-                if out.endswith(_DONE + b"\n\n") or buf.startswith(_DONE):
+                if end in out or buf.startswith(end):
                     done = True
             if buf.strip():
-                if buf.strip() == _DONE:
+                if buf.strip().startswith(end):
                     self._done()
-                await self._write(set_model(buf, self.field))
-                done = done or buf.strip() == _DONE
+                await self._write(self._final(self._shape(buf)))
+                done = done or buf.strip().startswith(end)
         except UpstreamError as e:
             return await self._engine_broke(e)
         if not done:
@@ -292,6 +358,18 @@ class Call:
             return self.resp
         await self.resp.write_eof()
         return self.resp
+
+    def _shape(self, events: bytes) -> bytes:
+        """Events as the client's API says them, naming the served model."""
+        if self.translator is not None:
+            return self.translator.feed(events)
+        return set_model(events, self.field)
+
+    def _final(self, data: bytes) -> bytes:
+        """The whole answer, or a stream's last block, past the route's hook (the
+        Responses API keeps it)."""
+        hook = self.request.get("llmgw.on_answer")
+        return (hook(data) or data) if hook is not None else data
 
     def _done(self) -> None:
         hook, self.before_done = self.before_done, None
@@ -318,6 +396,12 @@ class Call:
 
     def _filter_events(self, block: bytes) -> bytes:
         """Count content events and take usage; drop the usage-only event unless asked."""
+        if self.route.dialect is not None and not self.translating:
+            events, usages = native_events(block)
+            self.events += events
+            for usage in usages:
+                self._set_usage(usage)
+            return block
         if b'"usage"' not in block:
             self.events += block.count(b"data: {")
             return block
@@ -355,7 +439,9 @@ class Call:
             self._set_usage(usage)
 
     def _set_usage(self, usage: dict) -> None:
-        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        # OpenAI's names, or Anthropic's and the Responses API's.
+        p = usage.get("prompt_tokens", usage.get("input_tokens"))
+        c = usage.get("completion_tokens", usage.get("output_tokens"))
         if isinstance(p, int):
             self.prompt_tokens = p
         if isinstance(c, int):
@@ -385,6 +471,14 @@ class Call:
         await resp.write(data)
 
     async def _write_error_event(self, message: str, status: int) -> None:
+        dialect = self.route.dialect
+        if dialect is not None and dialect.error_event is not None:
+            try:
+                await self._write(dialect.error_event(message, status))
+                await self.resp.write_eof()
+            except ConnectionError:
+                pass
+            return
         body = {
             "error": {
                 "message": message,
@@ -451,6 +545,27 @@ class Call:
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+def native_events(block: bytes) -> tuple[int, list[dict]]:
+    """Content events and usage objects in a block of another API's SSE events (Anthropic's
+    `event: …` / `data: {…}` pairs, the Responses API's): usage sits at the top of an
+    event, in its `message` (message_start) or in its `response` (response.completed)."""
+    events = block.count(b"_delta")
+    usages = []
+    if b'"usage"' in block:
+        for event in block.split(b"\n\n"):
+            i = event.find(b"data: {")
+            if i < 0 or b'"usage"' not in event:
+                continue
+            try:
+                obj = json.loads(event[i + 6 :])
+            except ValueError:
+                continue
+            for holder in (obj, obj.get("message"), obj.get("response")):
+                if isinstance(holder, dict) and isinstance(holder.get("usage"), dict):
+                    usages.append(holder["usage"])
+    return events, usages
 
 
 def error_message(data: bytes) -> str:

@@ -32,5 +32,16 @@ def api_error(
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
     return web.Response(
-        status=status, body=json.dumps(body), content_type="application/json", headers=headers
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+        headers=headers,
     )
+
+
+class Untranslatable(Error):
+    """A request field the API it must be translated into cannot carry; names the field."""
+
+    def __init__(self, field: str):
+        super().__init__(field)
+        self.field = field

@@ -47,6 +47,13 @@ class Route:
     input_types: tuple
     streams: bool
     head: bytes = b""  # the request line sent to the engine
+    done: bytes = b"data: [DONE]"  # the event that ends a complete stream
+    max_tokens_field: str = "max_tokens"  # what bounds the answer ("": nothing does)
+    dialect: object = None  # not OpenAI's: how to translate it to chat (dialects.py)
+    bills: bool = True  # whether its tokens are counted (counting tokens is not billed)
+    # Called with (request, key, payload, rid) once the key may use the model; may change
+    # the payload (the Responses API's state), or answer an error.
+    prepare: object = None
 
     def __post_init__(self):
         self.head = f"POST {self.path} HTTP/1.1\r\n".encode()
@@ -54,7 +61,11 @@ class Route:
 
 CHAT = Route("/v1/chat/completions", "messages", (list,), True)
 COMPLETIONS = Route("/v1/completions", "prompt", (str, list), True)
-EMBEDDINGS = Route("/v1/embeddings", "input", (str, list), False)
+EMBEDDINGS = Route("/v1/embeddings", "input", (str, list), False, max_tokens_field="")
+# Reranking (llama-server with --reranking, vLLM, TEI-style servers): passed through
+# under both names engines use for it.
+RERANK = Route("/v1/rerank", "documents", (list,), False, max_tokens_field="")
+RERANKING = Route("/v1/reranking", "documents", (list,), False, max_tokens_field="")
 
 
 class Proxy:
@@ -90,6 +101,9 @@ class Proxy:
         # A starting router holds a request this long for its first routing table, so
         # one sent just after a restart is answered rather than told to come back.
         self.table_wait_s = min(activation_s, _TABLE_WAIT_S)
+        # (endpoint url, path) pairs whose engine does not serve the path: those
+        # requests go to it translated to chat completions (dialects.py).
+        self.lacking: set[tuple[str, str]] = set()
 
     # -- authorisation ---------------------------------------------------------------
 
@@ -107,7 +121,10 @@ class Proxy:
                 retry_after=2,
             )
         auth = request.headers.get("Authorization", "")
-        if not auth.startswith("Bearer ") or len(auth) < 8:
+        # Anthropic's clients send the key as x-api-key; either header will do.
+        secret = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        secret = secret or request.headers.get("x-api-key", "").strip()
+        if not secret:
             return api_error(
                 401,
                 "Missing API key: send 'Authorization: Bearer <key>'.",
@@ -115,7 +132,7 @@ class Proxy:
                 "invalid_api_key",
                 rid,
             )
-        key = self.keys.lookup(auth[7:].strip())
+        key = self.keys.lookup(secret)
         if key is None or (key.expires_at is not None and key.expires_at <= time.time()):
             return api_error(
                 401,
@@ -150,7 +167,7 @@ class Proxy:
             return count(key, "")
         policy = self.policies.policy(key) if self.policies is not None else None
         who = policy.who if policy is not None else NOBODY
-        ticket = Ticket(rid, key.id, who, t0)
+        ticket = Ticket(rid, key.id, who, t0, route.path)
 
         parsed = await self.parse(request, route, rid)
         if isinstance(parsed, web.Response):
@@ -172,12 +189,17 @@ class Proxy:
                 model,
             )
 
+        if route.prepare is not None:
+            refused = await route.prepare(request, key, payload, rid)
+            if refused is not None:
+                return self.reject(refused, ticket, model)
+            body = None
         if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
             return self.reject(no_table(ticket.rid), ticket, model)
 
         stream = payload.get("stream") is True
         client_usage = True
-        if stream:
+        if stream and route.dialect is None:
             opts = payload.get("stream_options") or {}
             client_usage = bool(opts.get("include_usage"))
             if not client_usage:
@@ -188,8 +210,10 @@ class Proxy:
         reservation = None
         if policy is not None and policy.limited:
             max_tokens = 0
-            if route is not EMBEDDINGS and (policy.tokens or policy.costs):
-                max_tokens = payload.get("max_tokens") or payload.get("max_completion_tokens")
+            if route.max_tokens_field and (policy.tokens or policy.costs):
+                max_tokens = payload.get(route.max_tokens_field) or payload.get(
+                    "max_completion_tokens"
+                )
                 if (
                     not isinstance(max_tokens, int)
                     or isinstance(max_tokens, bool)
@@ -197,7 +221,7 @@ class Proxy:
                 ):
                     # Nothing would bound the answer, nor what it spends: bound it.
                     max_tokens = self.quota.default_max_tokens
-                    payload["max_tokens"] = max_tokens
+                    payload[route.max_tokens_field] = max_tokens
                     body = None
             info = self.policies.model(model)
             prices = (info.input_per_mtok, info.output_per_mtok) if info else None
@@ -405,7 +429,7 @@ class Proxy:
         served = call.model if call is not None else None
         prompt = completion = 0
         ttft = None
-        if call is not None:
+        if call is not None and call.route.bills:
             prompt = call.prompt_tokens
             # A stream cut short has no usage chunk: count its content events instead.
             completion = call.completion_tokens or call.events
@@ -453,7 +477,8 @@ class Proxy:
                 who.team,
                 who.org,
                 cost,
-            )
+            ),
+            ticket.api,
         )
         if status == CLIENT_CLOSED:
             _log.info(
@@ -562,10 +587,11 @@ class Ticket:
     """One client request, across the models tried for it: what its usage row needs."""
 
     __slots__ = ("rid", "key_id", "who", "t0", "model", "status", "call", "headers",
-                 "reservation", "grade", "accounted")  # fmt: skip
+                 "reservation", "grade", "accounted", "api")  # fmt: skip
 
-    def __init__(self, rid: str, key_id: str, who, t0: float):
+    def __init__(self, rid: str, key_id: str, who, t0: float, api: str | None = None):
         self.rid, self.key_id, self.who, self.t0 = rid, key_id, who, t0
+        self.api = api  # the path it came by, for its usage row
         self.model = ""
         self.status = CLIENT_CLOSED  # until we know better
         self.call: Call | None = None  # the last model tried

@@ -28,7 +28,7 @@ _log = log.get("llmgw.router.usage")
 FIELDS = (
     "at", "request_id", "key_id", "model", "served_model", "endpoint",
     "prompt_tokens", "completion_tokens", "status", "latency_ms", "ttft_ms",
-    "user", "project", "team", "org", "cost", "row_id",
+    "user", "project", "team", "org", "cost", "row_id", "api",
 )  # fmt: skip
 
 
@@ -67,9 +67,10 @@ class UsageWriter:
             "usage_write", self._tick, flush_s, db=db, logger=_log, on_stop=self._last_tick
         )
 
-    def record(self, row: tuple) -> None:
-        """Keep one row (a tuple in FIELDS order, without row_id). Called on the event loop."""
-        row = (*row, f"{self._prefix}{next(self._seq):x}")
+    def record(self, row: tuple, api: str | None = None) -> None:
+        """Keep one row (a tuple in FIELDS order, without row_id and api). Called on the
+        event loop."""
+        row = (*row, f"{self._prefix}{next(self._seq):x}", api)
         sp = self.spool
         if sp is not None and sp.append(spoolmod.encode(row)):
             self._spooled += 1
@@ -122,6 +123,8 @@ class UsageWriter:
         return total
 
     def _insert(self, rows: list[tuple]) -> None:
+        # A spool left by a router from before m014 holds rows without their api.
+        rows = [r if len(r) == len(FIELDS) else (*r, None) for r in rows]
         for i in range(0, len(rows), self.batch):
             with self.db.atomic():
                 # Plain executemany: peewee's query builder cost more CPU than the

@@ -32,6 +32,7 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     ReplicaIntent,
     RuntimeModel,
     SchedulerSeen,
+    StoredResponse,
     Usage,
     db_proxy,
 )

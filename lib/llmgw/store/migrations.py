@@ -383,6 +383,30 @@ def m013_node_access(db: peewee.Database) -> None:
     )
 
 
+def m014_usage_api(db: peewee.Database) -> None:
+    """usage.api: the API path a request came by (/v1/chat/completions, /v1/messages,
+    /v1/responses…), now that the router speaks more than OpenAI's. NULL on older rows."""
+    run(db, "ALTER TABLE usage ADD COLUMN api VARCHAR(64)")
+
+
+def m015_responses(db: peewee.Database) -> None:
+    """responses: the Responses API's state, kept by the routers (engines are stateless):
+    each stored response's own input, the conversation before it, and the answer."""
+    run(
+        db,
+        """CREATE TABLE responses (
+            id VARCHAR(100) NOT NULL PRIMARY KEY,
+            key_id VARCHAR(32) NOT NULL,
+            created_at {DOUBLE} NOT NULL,
+            model VARCHAR(200) NOT NULL,
+            previous_id VARCHAR(100),
+            input TEXT NOT NULL,
+            context TEXT NOT NULL,
+            body TEXT NOT NULL)""",
+        "CREATE INDEX storedresponse_created_at ON responses (created_at)",
+    )
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -397,6 +421,8 @@ MIGRATIONS = [
     m011_mirrored_weights,
     m012_join_tokens,
     m013_node_access,
+    m014_usage_api,
+    m015_responses,
 ]
 
 

@@ -74,6 +74,8 @@ class Usage(BaseModel):
     # after a crash inserts each row once. Not request_id: a client may send its own
     # x-request-id, twice. NULL on rows written before m010.
     row_id = peewee.CharField(max_length=32, null=True, unique=True)
+    # The API path the request came by (m014); NULL on rows written before it.
+    api = peewee.CharField(max_length=64, null=True)
 
     class Meta:
         table_name = "usage"
@@ -278,6 +280,23 @@ class NodeAccess(BaseModel):
         table_name = "node_access"
 
 
+class StoredResponse(BaseModel):
+    """A Responses API answer the router keeps (m015), for previous_response_id, GET and
+    input_items; only the key that made it sees it. Pruned with usage.retention_days."""
+
+    id = peewee.CharField(max_length=100, primary_key=True)
+    key_id = peewee.CharField(max_length=32)
+    created_at = peewee.DoubleField(index=True)
+    model = peewee.CharField(max_length=200)
+    previous_id = peewee.CharField(max_length=100, null=True)
+    input = peewee.TextField()  # this request's input items (JSON)
+    context = peewee.TextField()  # the conversation's items before them (JSON)
+    body = peewee.TextField()  # the response object as answered (JSON)
+
+    class Meta:
+        table_name = "responses"
+
+
 ALL_MODELS = [
     Migration,
     ApiKey,
@@ -296,4 +315,5 @@ ALL_MODELS = [
     MirroredWeights,
     JoinToken,
     NodeAccess,
+    StoredResponse,
 ]

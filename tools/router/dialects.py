@@ -1,0 +1,130 @@
+"""The other APIs the router speaks besides OpenAI's chat, completions and embeddings:
+their routes, and how each is translated to chat completions for an engine that does not
+serve it. The translations themselves are pure modules (anthropic.py, responses.py);
+this module binds them to routes and answers errors in each API's own shape.
+
+An API is passed through where the engine serves its path (llama-server serves
+/v1/messages and /v1/responses natively); the first 404, 405 or 501 an endpoint gives on
+that path is remembered (`Proxy.lacking`), and from then on its requests go to that
+endpoint as chat completions, translated both ways.
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from llmgw_router import anthropic, responses, responses_api
+from llmgw_router.proxy import Route
+
+
+class Translation:
+    """One request as chat (`chat`), and chat's answer back: whole, or stream events."""
+
+    def __init__(self, chat: dict, answer: Callable[[dict], dict], stream=None):
+        self.chat = chat
+        self._answer = answer
+        self._stream = stream
+
+    def whole(self, data: bytes) -> bytes:
+        try:
+            chat = json.loads(data)
+        except ValueError:
+            return data
+        return json.dumps(self._answer(chat)).encode()
+
+    def feed(self, block: bytes) -> bytes:
+        return self._stream.feed(block)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One API: its translation to chat, and its errors."""
+
+    name: str
+    translate: Callable[[dict, str], Translation]  # (request, served model); Untranslatable
+    error: Callable[[int, dict], tuple[int, dict]] | None = None
+    error_event: Callable[[str, int], bytes] | None = None
+    # Catalog engines known not to serve the API: their models' requests are translated
+    # from the first, without a refused request to learn it from.
+    without: frozenset = frozenset()
+
+
+def _messages(body: dict, model: str) -> Translation:
+    stream = anthropic.Stream(model) if body.get("stream") else None
+    return Translation(anthropic.to_chat(body), lambda c: anthropic.from_chat(c, model), stream)
+
+
+def _count(body: dict, model: str) -> Translation:
+    return Translation(anthropic.count_request(body), anthropic.count_from_chat)
+
+
+def _responses(body: dict, model: str) -> Translation:
+    stream = responses.Stream(body, model) if body.get("stream") else None
+    return Translation(
+        responses.to_chat(body), lambda c: responses.from_chat(c, body, model), stream
+    )
+
+
+# vLLM's Anthropic endpoint is younger than the vLLM versions in use: translate for it.
+# (An engine wrongly listed here still answers, translated; one wrongly left out costs
+# one refused request per endpoint.)
+_NO_MESSAGES = frozenset(("vllm",))
+ANTHROPIC = Dialect(
+    "anthropic", _messages, anthropic.error, anthropic.error_event, without=_NO_MESSAGES
+)
+ANTHROPIC_COUNT = Dialect(
+    "anthropic", _count, anthropic.error, anthropic.error_event, without=_NO_MESSAGES
+)
+RESPONSES = Dialect("responses", _responses, None, responses.error_event)
+
+MESSAGES = Route(
+    "/v1/messages", "messages", (list,), True, done=b"event: message_stop", dialect=ANTHROPIC
+)
+# Counting generates nothing, and Anthropic does not bill it: its usage row has no tokens.
+COUNT_TOKENS = Route(
+    "/v1/messages/count_tokens",
+    "messages",
+    (list,),
+    False,
+    max_tokens_field="",
+    dialect=ANTHROPIC_COUNT,
+    bills=False,
+)
+
+
+RESPONSES_ROUTE = Route(
+    "/v1/responses",
+    "input",
+    (str, list),
+    True,
+    done=b"event: response.completed",
+    max_tokens_field="max_output_tokens",
+    dialect=RESPONSES,
+    prepare=responses_api.prepare,
+)
+
+
+def handler(route: Route):
+    """The route's handler: the request path, with errors in the API's own shape."""
+    reshape = route.dialect.error
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        resp = await request.app["proxy"].forward(request, route)
+        if reshape is not None and resp.status >= 400 and isinstance(resp, web.Response):
+            if not resp.prepared and resp.body is not None:
+                try:
+                    body = json.loads(resp.body)
+                except (ValueError, TypeError):
+                    return resp
+                if isinstance(body, dict):
+                    status, shaped = reshape(resp.status, body)
+                    resp.set_status(status)
+                    resp.body = json.dumps(shaped).encode()
+        return resp
+
+    return handle
+
+
+ROUTES = (MESSAGES, COUNT_TOKENS, RESPONSES_ROUTE)

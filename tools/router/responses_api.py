@@ -1,0 +1,195 @@
+"""The Responses API's own endpoints and its state on the request path: a request with
+previous_response_id is expanded into the whole conversation before it goes to any
+engine (so it is stateless there, native or translated), and the answer is kept when
+`store` is true. GET, DELETE and input_items of /v1/responses/{id} answer only the key
+that made the response: any other gets 404, never the content."""
+
+import json
+import time
+
+from aiohttp import web
+
+from llmgw_router import responses
+from llmgw_router.conversations import Conversations, Saved
+from llmgw_router.errors import api_error
+from llmgw_router.proxy import request_id
+
+_COMPLETED = b"event: response.completed"
+
+
+def not_found(rid: str, response_id: str, param: str | None = None) -> web.Response:
+    return api_error(
+        404,
+        f"No response with id '{response_id}' was found.",
+        "invalid_request_error",
+        "response_not_found",
+        rid,
+        param=param,
+    )
+
+
+async def prepare(request: web.Request, key, payload: dict, rid: str):
+    """Expand previous_response_id into the conversation, and arrange for the answer to
+    be kept; None, or an error answer."""
+    convs: Conversations = request.app["conversations"]
+    prev_id = payload.pop("previous_response_id", None)
+    store = payload.pop("store", True)
+    if not isinstance(store, bool):
+        return api_error(
+            400,
+            "'store' must be true or false.",
+            "invalid_request_error",
+            "invalid_type",
+            rid,
+            param="store",
+        )
+    mine = responses.items(payload["input"])
+    context: list = []
+    if prev_id is not None:
+        if not isinstance(prev_id, str):
+            return api_error(
+                400,
+                "'previous_response_id' must be a string.",
+                "invalid_request_error",
+                "invalid_type",
+                rid,
+                param="previous_response_id",
+            )
+        prev = await convs.get(prev_id, key.id)
+        if prev is None:
+            return not_found(rid, prev_id, "previous_response_id")
+        # Instructions are not carried over (as OpenAI's API does it): each request's own.
+        context = prev.context + prev.input + responses.history(prev.body.get("output") or [])
+    payload["input"] = context + mine
+    model = payload["model"]
+
+    def on_answer(data: bytes) -> bytes | None:
+        """The whole answer, or a stream's last block: keep the response, and say in it
+        what the engine could not know (it never saw previous_response_id or store)."""
+        whole = data.lstrip().startswith(b"{")
+        if whole:
+            obj = _json(data)
+        else:
+            obj = _completed(data)
+            obj = obj.get("response") if isinstance(obj, dict) else None
+        if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
+            return None
+        obj["previous_response_id"], obj["store"] = prev_id, store
+        if store:
+            convs.put(
+                Saved(
+                    obj["id"],
+                    key.id,
+                    time.time(),
+                    obj.get("model") or model,
+                    prev_id,
+                    mine,
+                    context,
+                    obj,
+                )
+            )
+        if whole:
+            return json.dumps(obj).encode()
+        return _replace_completed(data, obj)
+
+    request["llmgw.on_answer"] = on_answer
+    return None
+
+
+def _json(data: bytes):
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _completed(block: bytes):
+    i = block.find(_COMPLETED)
+    if i < 0:
+        return None
+    j = block.find(b"data: ", i)
+    end = block.find(b"\n\n", j)
+    return _json(block[j + 6 : end if end >= 0 else len(block)]) if j >= 0 else None
+
+
+def _replace_completed(block: bytes, response: dict) -> bytes:
+    i = block.find(_COMPLETED)
+    j = block.find(b"data: ", i)
+    end = block.find(b"\n\n", j)
+    end = end if end >= 0 else len(block)
+    event = _json(block[j + 6 : end]) or {}
+    event["response"] = response
+    return block[: j + 6] + json.dumps(event).encode() + block[end:]
+
+
+async def _mine(request: web.Request):
+    """(request id, the caller's stored response) or an error answer."""
+    rid = request_id(request)
+    key = request.app["proxy"].authorise(request, rid)
+    if isinstance(key, web.Response):
+        return key
+    response_id = request.match_info["response_id"]
+    saved = await request.app["conversations"].get(response_id, key.id)
+    if saved is None:
+        return not_found(rid, response_id)
+    return rid, saved
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    got = await _mine(request)
+    if isinstance(got, web.Response):
+        return got
+    rid, saved = got
+    return web.json_response(saved.body, headers={"x-request-id": rid})
+
+
+async def delete(request: web.Request) -> web.Response:
+    got = await _mine(request)
+    if isinstance(got, web.Response):
+        return got
+    rid, saved = got
+    request.app["conversations"].delete(saved.id)
+    return web.json_response(
+        {"id": saved.id, "object": "response", "deleted": True}, headers={"x-request-id": rid}
+    )
+
+
+def input_item(item: dict, n: int, response_id: str) -> dict:
+    """An input item as input_items lists it: with an id, and its content as parts."""
+    out = dict(item)
+    out.setdefault("type", "message")
+    out.setdefault("id", f"in_{response_id[-24:]}_{n}")
+    if out["type"] == "message":
+        out.setdefault("status", "completed")
+        if isinstance(out.get("content"), str):
+            kind = "output_text" if out.get("role") == "assistant" else "input_text"
+            out["content"] = [{"type": kind, "text": out["content"]}]
+    return out
+
+
+async def input_items(request: web.Request) -> web.Response:
+    got = await _mine(request)
+    if isinstance(got, web.Response):
+        return got
+    rid, saved = got
+    # Everything the model was given as input: the conversation before, then its own.
+    listed = [input_item(it, n, saved.id) for n, it in enumerate(saved.context + saved.input)]
+    if request.query.get("order", "desc") != "asc":
+        listed.reverse()
+    after = request.query.get("after")
+    if after:
+        ids = [it["id"] for it in listed]
+        listed = listed[ids.index(after) + 1 :] if after in ids else []
+    try:
+        limit = max(1, min(100, int(request.query.get("limit", "20"))))
+    except ValueError:
+        limit = 20
+    page = listed[:limit]
+    body = {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(listed) > limit,
+    }
+    return web.json_response(body, headers={"x-request-id": rid})

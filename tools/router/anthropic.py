@@ -8,6 +8,7 @@ for it would otherwise get an answer to a different question.
 import json
 
 from llmgw_router.errors import Untranslatable
+from llmgw_router.sse import chat_chunks
 
 # A cache hint: the engine's own prompt cache does what it asks, so it changes nothing.
 _IGNORED_BLOCK_KEYS = frozenset(("cache_control",))
@@ -262,21 +263,9 @@ class Stream:
 
     def feed(self, block: bytes) -> bytes:
         """SSE events of a chat stream (whole events) → SSE events of a Messages stream."""
-        out = []
-        for event in block.split(b"\n\n"):
-            event = event.strip()
-            if not event.startswith(b"data:"):
-                continue
-            data = event[5:].strip()
-            if data == b"[DONE]":
-                out.append(self.end())
-                continue
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                continue
-            out.append(self.chunk(chunk))
-        return b"".join(out)
+        return b"".join(
+            self.end() if chunk is None else self.chunk(chunk) for chunk in chat_chunks(block)
+        )
 
     def chunk(self, chunk: dict) -> bytes:
         out = []

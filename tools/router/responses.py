@@ -11,6 +11,7 @@ import secrets
 import time
 
 from llmgw_router.errors import Untranslatable
+from llmgw_router.sse import chat_chunks
 
 # Fields the router itself handles before translation (state), or that only describe
 # the answer and are echoed back in it.
@@ -297,21 +298,10 @@ class Stream:
         return b"event: " + kind.encode() + b"\ndata: " + json.dumps(data).encode() + b"\n\n"
 
     def feed(self, block: bytes) -> bytes:
-        out = []
-        for event in block.split(b"\n\n"):
-            event = event.strip()
-            if not event.startswith(b"data:"):
-                continue
-            data = event[5:].strip()
-            if data == b"[DONE]":
-                out.append(self.end())
-                continue
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                continue
-            out.append(self.chunk(chunk))
-        return b"".join(out)
+        """SSE events of a chat stream (whole events) → SSE events of a Responses stream."""
+        return b"".join(
+            self.end() if chunk is None else self.chunk(chunk) for chunk in chat_chunks(block)
+        )
 
     def _start(self) -> bytes:
         if self.started:

@@ -97,6 +97,26 @@ def test_another_key_gets_404_never_the_content(router, client):
     assert client.responses.retrieve(made.id).id == made.id
 
 
+def test_input_tokens_counts_the_whole_conversation_and_keeps_nothing(router, client, engine):
+    first = client.responses.create(model="m", input="hi")
+    counted = client.responses.input_tokens.count(
+        model="m", input="and then?", previous_response_id=first.id
+    )
+    assert (counted.object, counted.input_tokens) == ("response.input_tokens", 7)
+    sent = engine.stats()["last_body"]
+    assert sent["max_tokens"] == 1 and "stream" not in sent
+    assert [m["content"] for m in sent["messages"]] == [
+        "hi",
+        "The quick brown fox jumps",
+        "and then?",
+    ]
+    other = ctl("keys", "create", "--name", "counter")["secret"]
+    with client_for(router.url, other) as c:
+        eventually(lambda: c.models.list(), what="the router to know the new key")
+        with pytest.raises(openai.NotFoundError):
+            c.responses.input_tokens.count(model="m", input="x", previous_response_id=first.id)
+
+
 def test_a_field_chat_cannot_carry_is_refused_by_name(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model="m", input="hi", reasoning={"effort": "high"})

@@ -77,7 +77,14 @@ ANTHROPIC = Dialect(
 ANTHROPIC_COUNT = Dialect(
     "anthropic", _count, anthropic.error, anthropic.error_event, without=_NO_MESSAGES
 )
+
+
+def _input_tokens(body: dict, model: str) -> Translation:
+    return Translation(responses.count_request(body), responses.count_from_chat)
+
+
 RESPONSES = Dialect("responses", _responses, None, responses.error_event)
+RESPONSES_COUNT = Dialect("responses", _input_tokens, None, responses.error_event)
 
 MESSAGES = Route(
     "/v1/messages", "messages", (list,), True, done=b"event: message_stop", dialect=ANTHROPIC
@@ -127,4 +134,17 @@ def handler(route: Route):
     return handle
 
 
-ROUTES = (MESSAGES, COUNT_TOKENS, RESPONSES_ROUTE)
+# Passed through where the engine counts; else a one-token chat completion counts.
+INPUT_TOKENS = Route(
+    "/v1/responses/input_tokens",
+    "input",
+    (str, list),
+    False,
+    max_tokens_field="",
+    dialect=RESPONSES_COUNT,
+    bills=False,
+    prepare=responses_api.prepare_count,
+)
+
+
+ROUTES = (MESSAGES, COUNT_TOKENS, RESPONSES_ROUTE, INPUT_TOKENS)

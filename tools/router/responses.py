@@ -259,6 +259,20 @@ def from_chat(chat: dict, request: dict, model: str, created: float | None = Non
     return _finish(resp, choice.get("finish_reason"), chat.get("usage"))
 
 
+def count_request(body: dict) -> dict:
+    """An input_tokens request as a chat completion of one token: its usage says how many
+    tokens the input is, counted by the engine's own tokenizer and template."""
+    chat = to_chat({**body, "max_output_tokens": 1})
+    chat.pop("stream", None)
+    chat.pop("stream_options", None)
+    return chat
+
+
+def count_from_chat(chat: dict) -> dict:
+    tokens = (chat.get("usage") or {}).get("prompt_tokens", 0)
+    return {"object": "response.input_tokens", "input_tokens": tokens}
+
+
 def history(output: list[dict]) -> list[dict]:
     """A response's output items as input items of the next turn."""
     out = []

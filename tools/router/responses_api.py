@@ -28,11 +28,44 @@ def not_found(rid: str, response_id: str, param: str | None = None) -> web.Respo
     )
 
 
+async def _expand(request: web.Request, key, payload: dict, rid: str):
+    """Put the conversation before previous_response_id into `payload["input"]`:
+    (error answer or None, previous id, this request's own input, the context)."""
+    convs: Conversations = request.app["conversations"]
+    prev_id = payload.pop("previous_response_id", None)
+    mine = responses.items(payload["input"])
+    context: list = []
+    if prev_id is not None:
+        if not isinstance(prev_id, str):
+            refused = api_error(
+                400,
+                "'previous_response_id' must be a string.",
+                "invalid_request_error",
+                "invalid_type",
+                rid,
+                param="previous_response_id",
+            )
+            return refused, prev_id, mine, context
+        prev = await convs.get(prev_id, key.id)
+        if prev is None:
+            return not_found(rid, prev_id, "previous_response_id"), prev_id, mine, context
+        # Instructions are not carried over (as OpenAI's API does it): each request's own.
+        context = prev.context + prev.input + responses.history(prev.body.get("output") or [])
+    payload["input"] = context + mine
+    return None, prev_id, mine, context
+
+
+async def prepare_count(request: web.Request, key, payload: dict, rid: str):
+    """input_tokens counts the whole conversation, as the engine would see it; nothing
+    is kept."""
+    refused, *_ = await _expand(request, key, payload, rid)
+    return refused
+
+
 async def prepare(request: web.Request, key, payload: dict, rid: str):
     """Expand previous_response_id into the conversation, and arrange for the answer to
     be kept; None, or an error answer."""
     convs: Conversations = request.app["conversations"]
-    prev_id = payload.pop("previous_response_id", None)
     store = payload.pop("store", True)
     if not isinstance(store, bool):
         return api_error(
@@ -43,24 +76,9 @@ async def prepare(request: web.Request, key, payload: dict, rid: str):
             rid,
             param="store",
         )
-    mine = responses.items(payload["input"])
-    context: list = []
-    if prev_id is not None:
-        if not isinstance(prev_id, str):
-            return api_error(
-                400,
-                "'previous_response_id' must be a string.",
-                "invalid_request_error",
-                "invalid_type",
-                rid,
-                param="previous_response_id",
-            )
-        prev = await convs.get(prev_id, key.id)
-        if prev is None:
-            return not_found(rid, prev_id, "previous_response_id")
-        # Instructions are not carried over (as OpenAI's API does it): each request's own.
-        context = prev.context + prev.input + responses.history(prev.body.get("output") or [])
-    payload["input"] = context + mine
+    refused, prev_id, mine, context = await _expand(request, key, payload, rid)
+    if refused is not None:
+        return refused
     model = payload["model"]
 
     def on_answer(data: bytes) -> bytes | None:

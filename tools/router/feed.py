@@ -97,6 +97,8 @@ class Feed:
         self.bus_endpoints = list(bus_endpoints)
         self.name = name
         self.last_used: dict[str, float] = {}  # model -> wall time of its last request
+        # What else each activity report carries: load for the autoscaler (app.py).
+        self.load = dict
         self._wants: queue.SimpleQueue = queue.SimpleQueue()
         # Each want is numbered; the schedulers' tables say, per model, the newest of our
         # wants a placement pass has answered, so a request waits for its own answer.
@@ -199,7 +201,8 @@ class Feed:
                 for ep in self.table.endpoints()
                 if ep.last_used or ep.outstanding
             }
-            self._send(dealers, MsgType.ACTIVITY, {"idle_s": idle, "replica_idle_s": replicas})
+            body = {"idle_s": idle, "replica_idle_s": replicas, **self.load()}
+            self._send(dealers, MsgType.ACTIVITY, body)
         # Ask again for what requests still wait on: a want can be lost (a scheduler
         # restarting, a failover) and the request would wait out its window for nothing.
         for model in self.table.waited_for():

@@ -87,6 +87,18 @@ def capacity(eps: list[Endpoint], slots: int, mono: float, wall: float) -> int |
     return total if counted else None
 
 
+def replica_load(eps: list[Endpoint], slots_of, wall: float) -> dict[str, list[int]]:
+    """Per endpoint, [requests this router has in flight on it, its slots]: the
+    engine's own slot count where it gave one lately, else `slots_of(ep)` (the model's
+    `parallel`). The scheduler sums the first over routers, for its autoscaler."""
+    out = {}
+    for ep in eps:
+        sig = ep.signal
+        fresh = sig is not None and sig.slots and wall - sig.at <= STALE_S
+        out[ep.id] = [ep.outstanding, sig.slots if fresh else slots_of(ep)]
+    return out
+
+
 class Probe:
     def __init__(self, table: RoutingTable, interval_s: float, on_change=None, clock=time.time):
         self.table = table

@@ -116,6 +116,7 @@ class View:
         return {
             "name": m.name, "aliases": list(m.aliases), "engine": m.engine_id,
             "min": m.min, "max": m.max, "desired": s.desired_now(m, s.clock()),
+            "desired_reason": s.desired_why(m.name),
             "ready": mine.count(ShardState.READY), "replicas": len(mine) - mine.count(LOST),
             "lost": mine.count(LOST),
             "state": state, "reason": reason,

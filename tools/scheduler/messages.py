@@ -16,7 +16,7 @@ _log = log.get("llmgw.scheduler")
 class Messages:
     def __init__(self, inv: Inventory, catalog: Catalog, needs: Needs, parking: Parking,
                  demand: Demand, intents: Intents, logs: LogRequests, drained, cfg, flags,
-                 leadership, clock):  # fmt: skip
+                 leadership, clock, loads=None):  # fmt: skip
         self.inv = inv
         self.catalog = catalog
         self.needs = needs
@@ -29,6 +29,7 @@ class Messages:
         self.flags = flags
         self.leadership = leadership  # .leading(), .epoch and .superseded(epoch, why)
         self.clock = clock
+        self.loads = loads  # routers' load reports, for the autoscaler
 
     def handle(self, sender: str, msg: dict) -> None:
         now = self.clock()
@@ -63,6 +64,8 @@ class Messages:
                 r = self.inv.replicas.get(rid)
                 if r is not None and isinstance(idle, int | float):
                     r.last_used = max(r.last_used, now - idle)
+            if self.loads is not None:
+                self.loads.report(sender, body, now)
         elif kind == MsgType.LOGS:
             self.logs.answer(body)
         elif kind == MsgType.INSTALL_STATUS:

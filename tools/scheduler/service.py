@@ -13,14 +13,16 @@ import time
 from llmgw import log
 from llmgw.catalog import Model
 from llmgw.errors import NotFound
-from llmgw.reconciler import ReplicaView, reconcile
-from llmgw.states import LIVE, STARTING, MsgType
+from llmgw.reconciler import Desired, ReplicaView, reconcile
+from llmgw.states import LIVE, STARTING, MsgType, ShardState
+from llmgw_scheduler.autoscale import Autoscaler
 from llmgw_scheduler.commands import Commands, Intents, LogRequests, Outbox
 from llmgw_scheduler.demand import Demand
 from llmgw_scheduler.drains import Drains
 from llmgw_scheduler.eviction import Eviction
 from llmgw_scheduler.flags import Flags
 from llmgw_scheduler.inventory import Inventory
+from llmgw_scheduler.load import Loads
 from llmgw_scheduler.messages import Messages
 from llmgw_scheduler.models import Catalog
 from llmgw_scheduler.needs import Needs
@@ -29,6 +31,7 @@ from llmgw_scheduler.restarts import Restarts
 from llmgw_scheduler.views import Unplaceable, Views
 
 _log = log.get("llmgw.scheduler")
+_COUNTED = (ShardState.PENDING, ShardState.STARTING, ShardState.READY)
 
 
 class Role:
@@ -70,6 +73,8 @@ class Scheduler:
                                self.flags)  # fmt: skip
         self.drains = Drains(self.inv, self.catalog, self.commands, s, self.flags)
         self.demand = Demand()
+        self.loads = Loads()
+        self.autoscaler = Autoscaler(self.catalog, self.inv, self.loads, clock)
         self.unplaceable = Unplaceable(self.flags, clock)
         making_room: dict[str, tuple[str, float]] = {}
         self.views = Views(self.catalog, self.inv, needs, self.parking, self.demand,
@@ -80,7 +85,7 @@ class Scheduler:
                                    self.views.node_views, s, self.flags, clock)  # fmt: skip
         self.messages = Messages(self.inv, self.catalog, needs, self.parking, self.demand,
                                  self.intents, self.logs, self.drains, s, self.flags,
-                                 self.role, clock)  # fmt: skip
+                                 self.role, clock, self.loads)  # fmt: skip
         self.started_at = clock()
         # When our last pass as leader ran (None: none since we started or took over):
         # fleet metrics wait for it, as routes do, so they never show a half-heard fleet.
@@ -137,7 +142,16 @@ class Scheduler:
         return self.views.idle_s(r, now)
 
     def desired_now(self, m: Model, now: float) -> int:
+        """What `m` should have now: the autoscaler's count, or for an on-demand model
+        1 while in use."""
+        if self.autoscaler.scales(m):
+            return self.autoscaler.desired(m)
         return self.demand.desired_now(m, now)
+
+    def desired_why(self, model: str) -> str:
+        """Why a model wants what it does now: the last scaling decision, or what
+        blocks the scale-up it wants."""
+        return self.autoscaler.blocked.get(model) or self.autoscaler.reason(model)
 
     def active(self, m: Model, now: float) -> bool:
         return self.demand.active(m, now)
@@ -269,12 +283,15 @@ class Scheduler:
             return
         asked = self.demand.take_asked()
         models, parked = self.catalog.models, self.parking.parked
-        desired = [self.demand.desired(m, self.needs.need(m), now)
-                   for m in models.values() if m.name not in parked]  # fmt: skip
-        self.restarting.pass_(now)
         # Replicas on draining nodes do not count, so replacements start elsewhere; the
         # drain pass stops each once it is no longer needed.
         drained = self.drains.drained
+        counted = self._counted(drained)
+        self.autoscaler.pass_(counted, now)
+        for rid in self.autoscaler.to_give_back(counted):
+            self.commands.stop(rid, now)  # the least loaded: it finishes what it has
+        desired = [self._desired(m, now) for m in models.values() if m.name not in parked]
+        self.restarting.pass_(now)
         views = [
             ReplicaView(r.id, r.model, r.node, r.state, r.since)
             for r in self.inv.replicas.values()
@@ -292,10 +309,27 @@ class Scheduler:
         self.drains.pass_(now)
         self.eviction.evict_for(decisions.unplaceable, now)
         self.unplaceable.report(decisions.unplaceable)
+        self.autoscaler.report_blocked(decisions.unplaceable, self.needs,
+                                       self.views.node_views())  # fmt: skip
         self.eviction.room_coming(self.unplaceable, now)
         self.last_pass_at = now
         if self.demand.answer(asked):  # this pass is their answer
             self.flags.routes_dirty = True
+
+    def _desired(self, m: Model, now: float) -> Desired:
+        if self.autoscaler.scales(m):
+            return Desired(m.name, self.autoscaler.desired(m), m.max, self.needs.need(m))
+        return self.demand.desired(m, self.needs.need(m), now)
+
+    def _counted(self, drained) -> dict[str, list]:
+        """model -> its replicas that count toward its desired count: pending, starting
+        or ready on a node that is neither lost nor draining."""
+        lost = self.inv.lost_nodes()
+        out: dict[str, list] = {}
+        for r in self.inv.replicas.values():
+            if r.state in _COUNTED and r.node not in drained and r.node not in lost:
+                out.setdefault(r.model, []).append(r)
+        return out
 
     def _expire_pending(self, now: float) -> None:
         timeout = self.cfg.start_timeout_s

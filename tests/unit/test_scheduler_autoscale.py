@@ -2,8 +2,11 @@
 between its min and max, and a scale-up that fits nowhere is blocked, with why."""
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from llmgw import audit
+from llmgw_ctl.status import print_models
+from llmgw_scheduler import metrics
 from llmgw_scheduler.admin import View
 from tests.fake_fleet import Fleet, GiB, model
 
@@ -61,12 +64,18 @@ def test_a_saturated_model_gets_a_second_replica_and_gives_it_back_when_load_end
 def test_a_scale_up_that_fits_nowhere_is_blocked_with_the_placement_reason(tmp_path):
     f = Fleet(tmp_path, [model("chat", min_=1, max_=2, scaling=SCALING)])
     try:
+        registry = CollectorRegistry()
+        metrics.watch_fleet(f.sched, registry)
         f.heartbeat("a", memory=GiB + GiB // 2, kind="hello")
         first = f.start_ready("a")
         busy(f, {first: [4, 4]}, 40, memory=GiB + GiB // 2)
         view = model_view(f)
         assert view["desired"] == 2
         assert view["desired_reason"] == "cannot scale up: needs 1.0 GiB, largest free 0.5"
+        sample = registry.get_sample_value
+        assert sample("llmgw_model_scale_blocked", {"model": "chat"}) == 1
+        assert sample("llmgw_model_scale_decisions_total", {"direction": "up"}) == 1
+        assert sample("llmgw_model_replicas_desired", {"model": "chat"}) == 2
     finally:
         f.close()
 
@@ -79,3 +88,11 @@ def test_a_router_that_stops_reporting_no_longer_holds_a_model_up(fleet):
         fleet.tick(5)
     assert model_view(fleet)["desired"] == 1 and fleet.sent("start_shard") == []
     assert "router" not in fleet.sched.loads.reports
+
+
+def test_llmgw_models_shows_what_a_model_wants_now_and_why(fleet, capsys):
+    first = fleet.start_ready("a")
+    busy(fleet, {first: [4, 4]}, 35)
+    print_models(View(fleet.sched).models(), detail=True)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("chat"))
+    assert " 1/2 " in line and "1 of 1 replicas saturated 30 s" in line

@@ -81,6 +81,8 @@ def print_models(models: list[dict], detail: bool = False) -> None:
     rows = []
     for m in sorted(models, key=lambda m: m["state"] not in NEEDS_ACTION):
         why = last_line(m.get("reason", "")) if m["state"] in EXPLAINED else ""
+        # Else the autoscaler's word: "scaled up 12:04: 2 of 2 replicas saturated 45 s".
+        why = why or m.get("desired_reason", "")
         # What it should have now (an on-demand model in use wants one), not its min: a
         # wanted on-demand model with no replica reads 0/1, missing.
         ready = f"{m.get('ready', 0)}/{m.get('desired', m.get('min', 0))}"

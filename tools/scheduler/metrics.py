@@ -8,7 +8,7 @@ vanishes between a clear and a set.
 """
 
 from prometheus_client import REGISTRY, Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from llmgw.states import LIVE, LOST, ShardState
 
@@ -117,7 +117,8 @@ class Fleet:
         )
         desired = GaugeMetricFamily(
             "llmgw_model_replicas_desired",
-            "Replicas each model should have now (its min; 1 for an on-demand model in use)",
+            "Replicas each model should have now (the autoscaler's count between min and max;"
+            " 1 for an on-demand model in use)",
             labels=["model"],
         )
         parked = GaugeMetricFamily(
@@ -128,6 +129,18 @@ class Fleet:
             "llmgw_model_unplaceable", "1 while a model below min fits on no node",
             labels=["model"],
         )  # fmt: skip
+        blocked = GaugeMetricFamily(
+            "llmgw_model_scale_blocked",
+            "1 while a model wants another replica (scaled up) and it fits on no node",
+            labels=["model"],
+        )
+        decisions = CounterMetricFamily(
+            "llmgw_model_scale_decisions",
+            "Autoscaling decisions since the scheduler started, by direction (up, down)",
+            labels=["direction"],
+        )
+        for direction, n in s.autoscaler.decisions.items():
+            decisions.add_metric([direction], n)
         failures = GaugeMetricFamily(
             "llmgw_model_start_failures",
             "Failed starts in a row (0 after a replica becomes ready)",
@@ -138,10 +151,12 @@ class Fleet:
             desired.add_metric([name], s.desired_now(m, now))
             parked.add_metric([name], 1 if name in s.parked else 0)
             unplaceable.add_metric([name], 1 if name in s.unplaceable else 0)
+            blocked.add_metric([name], 1 if name in s.autoscaler.blocked else 0)
             b = s.backoff.get(name)
             failures.add_metric([name], b.failures if b else 0)
         yield from (nodes_up, nodes_lost, memory, available, gpus, installs, replicas,
-                    ready, desired, parked, unplaceable, failures, idle)  # fmt: skip
+                    ready, desired, parked, unplaceable, blocked, decisions, failures,
+                    idle)  # fmt: skip
 
 
 def watch_fleet(sched, registry=REGISTRY) -> Fleet:

@@ -92,3 +92,26 @@ def test_of_tables_that_queued_up_the_newest_by_epoch_and_sequence_is_taken():
     batch = [routes(5, [], epoch=2), routes(1, [], epoch=3), routes(9, [], epoch=2)]
     assert bus.decode(_newest(batch))["epoch"] == 3
     assert bus.decode(_newest(batch[:1]))["body"]["seq"] == 5
+
+
+class _Dealer:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, data, flags=0):
+        self.sent.append(bus.decode(data))
+
+
+def test_each_activity_report_carries_the_load_for_the_autoscaler():
+    table = RoutingTable()
+    feed = feed_for(table)
+    feed.used("chat", 0.0)
+    feed.load = lambda: {"replica_load": {"r1": [2, 4]}, "queue_wait_p90_s": {"chat": 1.5}}
+    dealer = _Dealer()
+    feed._send_activity([dealer])
+    (msg,) = dealer.sent
+    assert msg["type"] == "activity"
+    assert msg["body"]["replica_load"] == {"r1": [2, 4]}
+    assert msg["body"]["queue_wait_p90_s"] == {"chat": 1.5}
+    assert "chat" in msg["body"]["idle_s"]
+    feed.stop()

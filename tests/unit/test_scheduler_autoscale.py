@@ -96,3 +96,16 @@ def test_llmgw_models_shows_what_a_model_wants_now_and_why(fleet, capsys):
     print_models(View(fleet.sched).models(), detail=True)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("chat"))
     assert " 1/2 " in line and "1 of 1 replicas saturated 30 s" in line
+
+
+def test_a_restarts_surge_replica_is_not_given_back_as_a_surplus(fleet):
+    old = fleet.start_ready("a")
+    busy(fleet, {old: [0, 4]}, 5)  # the replacement is the newer: a tie would pick it
+    with fleet.sched.lock:
+        (job,) = fleet.sched.restart([old], fleet.clock(), max_surge=1, max_unavailable=0)
+    fleet.tick()
+    ((node, body),) = fleet.sent("start_shard")
+    fleet.shard(node, body["id"], "ready")  # two ready, one desired: the restart's doing
+    busy(fleet, {old: [0, 4], body["id"]: [0, 4]}, 5)
+    assert [b["id"] for _, b in fleet.sent("stop_shard")] == [old]
+    assert job.state in ("stopping", "done"), job.state

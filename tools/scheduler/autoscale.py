@@ -69,14 +69,15 @@ class Autoscaler:
                        reason=str(e)[:200])  # fmt: skip
             drop_connection()
 
-    def to_give_back(self, counted: dict[str, list]) -> list[str]:
+    def to_give_back(self, counted: dict[str, list], skip=frozenset()) -> list[str]:
         """One replica per model that has more ready replicas than it wants, when none is
         starting: the least loaded (idle longest), so the fewest requests are cut short.
-        Stopping it lets the engine finish what it has, as a drain does."""
+        Stopping it lets the engine finish what it has, as a drain does. Models in `skip`
+        (being restarted: a surge replica is not a surplus) are left alone."""
         out = []
         for name, mine in counted.items():
             m = self.catalog.models.get(name)
-            if m is None or not self.scales(m) or name not in self.states:
+            if m is None or not self.scales(m) or name not in self.states or name in skip:
                 continue
             if len(mine) <= self.desired(m) or any(r.state != ShardState.READY for r in mine):
                 continue

@@ -249,6 +249,7 @@ class Scheduler:
         for node in self.inv.nodes.values():
             node.last_seen = max(node.last_seen, now)
         self.restarting.drop_active()
+        self.autoscaler.states.clear()  # decided afresh from what runs, as at a start
         self.catalog.reload()
         self.parking.reload()
         self.drains.reload()
@@ -288,7 +289,8 @@ class Scheduler:
         drained = self.drains.drained
         counted = self._counted(drained)
         self.autoscaler.pass_(counted, now)
-        for rid in self.autoscaler.to_give_back(counted):
+        restarting = {j.model for j in self.restarting.jobs if j.active}
+        for rid in self.autoscaler.to_give_back(counted, skip=restarting):
             self.commands.stop(rid, now)  # the least loaded: it finishes what it has
         desired = [self._desired(m, now) for m in models.values() if m.name not in parked]
         self.restarting.pass_(now)

@@ -12,6 +12,9 @@ Rules:
 - Hysteresis: each window starts again whenever its condition breaks, and the band
   between `down_below` and saturation holds the count, so load hovering near either
   threshold changes nothing.
+- A scale-down never leaves the others more than DOWN_HEADROOM used (what runs now
+  spread over one replica fewer), so giving one back cannot itself saturate the model
+  and bring it straight back, whatever `down_below` is.
 - No load reported (no router heard from lately): hold, and both windows start again.
 - On-demand models (min 0) are not scaled here: demand.py starts and stops them.
 """
@@ -20,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 UP, DOWN = "up", "down"
+DOWN_HEADROOM = 0.8
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,11 @@ class Load:
     @property
     def utilisation(self) -> float:
         return self.inflight / self.slots if self.slots else 0.0
+
+    def utilisation_with_one_fewer(self) -> float:
+        if self.replicas < 2:
+            return float("inf")
+        return self.inflight / (self.slots - self.slots / self.replicas)
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,8 @@ def decide(s: Settings, load: Load | None, prev: State, now: float) -> State:
     if load is None or load.slots == 0:
         return State(desired, prev.reason, changed_at=prev.changed_at, direction=prev.direction)
     why_up = saturation(s, load)
-    low = load.utilisation < s.down_below and not why_up
+    low = (load.utilisation < s.down_below and not why_up
+           and load.utilisation_with_one_fewer() <= DOWN_HEADROOM)  # fmt: skip
     sat_since = _since(prev.saturated_since, now) if why_up else None
     idle_since = _since(prev.idle_since, now) if low else None
     keep = State(desired, prev.reason, sat_since, idle_since, prev.changed_at, prev.direction)

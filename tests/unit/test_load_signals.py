@@ -44,3 +44,20 @@ def test_a_report_without_load_from_an_older_router_changes_nothing():
     loads = Loads()
     loads.report("old", {"idle_s": {"chat": 1.0}}, 100.0)
     assert loads.reports == {}
+
+
+def test_a_routers_load_report_names_each_replica_and_model():
+    from types import SimpleNamespace
+
+    from llmgw_router.app import load_report
+    from llmgw_router.routing import RoutingTable
+
+    table = RoutingTable()
+    table.replace([Endpoint("r1", "http://a:1", ("chat",)), Endpoint("r2", "http://b:1", ("x",))],
+                  {})  # fmt: skip
+    policies = SimpleNamespace(
+        model=lambda name: SimpleNamespace(parallel=4) if name == "chat" else None
+    )
+    adm = Admission(["default"], capacity=lambda m: 1)
+    report = load_report(table, policies, adm, SimpleNamespace(slots_per_replica=2))
+    assert report == {"replica_load": {"r1": [0, 4], "r2": [0, 2]}, "queue_wait_p90_s": {}}

@@ -96,3 +96,11 @@ def test_a_starting_scheduler_keeps_what_runs_within_bounds():
     assert initial(S, 2).desired == 2
     assert initial(S, 0).desired == 1
     assert initial(S, 7).desired == 3
+
+
+def test_a_scale_down_that_would_saturate_the_rest_is_not_made():
+    lax = Settings(min=1, max=3, down_below=0.7, down_after_s=300.0)
+    two_thirds_used = Load(replicas=2, busy=0, inflight=5, slots=8)  # 5 of 4 with one
+    assert {s.desired for s in run(two_thirds_used, State(desired=2), 1000.0, 900.0, s=lax)} == {2}
+    half_used = Load(replicas=3, busy=0, inflight=6, slots=12)  # 6 of 8 with one fewer
+    assert run(half_used, State(desired=3), 1000.0, 300.0, s=lax)[-1].desired == 2

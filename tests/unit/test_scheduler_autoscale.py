@@ -49,11 +49,12 @@ def test_a_saturated_model_gets_a_second_replica_and_gives_it_back_when_load_end
     second = starts[0][1]["id"]
     fleet.shard("a", second, "ready")
 
-    # The load ends: the replica idle longest is given back after down_after_s.
-    quiet = {first: [0, 4], second: [0, 4]}
-    busy(fleet, quiet, 295, idle={first: 0.0, second: 40.0})
+    # The load ends: after down_after_s the replica with the fewest requests in flight
+    # is given back, though the other has been idle longer.
+    quiet = {first: [1, 4], second: [0, 4]}
+    busy(fleet, quiet, 295, idle={first: 40.0, second: 0.0})
     assert fleet.sent("stop_shard") == []
-    busy(fleet, quiet, 10, idle={first: 0.0, second: 40.0})
+    busy(fleet, quiet, 10, idle={first: 40.0, second: 0.0})
     assert [b["id"] for _, b in fleet.sent("stop_shard")] == [second]
     view = model_view(fleet)
     assert view["desired"] == 1 and "scaled down" in view["desired_reason"]

@@ -71,7 +71,8 @@ class Autoscaler:
 
     def to_give_back(self, counted: dict[str, list], skip=frozenset()) -> list[str]:
         """One replica per model that has more ready replicas than it wants, when none is
-        starting: the least loaded (idle longest), so the fewest requests are cut short.
+        starting: the least loaded (fewest requests in flight, then idle longest), so the
+        fewest requests wait on a stopping engine.
         Stopping it lets the engine finish what it has, as a drain does. Models in `skip`
         (being restarted: a surge replica is not a surplus) are left alone."""
         out = []
@@ -81,7 +82,10 @@ class Autoscaler:
                 continue
             if len(mine) <= self.desired(m) or any(r.state != ShardState.READY for r in mine):
                 continue
-            out.append(min(mine, key=lambda r: (r.last_used, -r.created)).id)
+            now = self.clock()
+            least = min(mine, key=lambda r: (self.loads.inflight(r.id, now), r.last_used,
+                                             -r.created))  # fmt: skip
+            out.append(least.id)
         return out
 
     def report_blocked(self, unplaceable: dict[str, dict[str, str]], needs, nodes) -> None:

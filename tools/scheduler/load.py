@@ -53,6 +53,11 @@ class Loads:
             queue_wait_p90_s=p90,
         )
 
+    def inflight(self, rid: str, now: float) -> int:
+        """Requests in flight on replica `rid`, summed over routers reporting lately."""
+        return sum(r[rid][0] for t, r, _ in self.reports.values()
+                   if now - t <= STALE_S and rid in r)  # fmt: skip
+
     def forget_stale(self, now: float) -> None:
         for router in [k for k, (t, _, _) in self.reports.items() if now - t > STALE_S]:
             del self.reports[router]

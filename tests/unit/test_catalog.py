@@ -29,6 +29,9 @@ def test_a_valid_model_becomes_plain_data_with_its_engine_id():
         ({"profile": ProfileConfig(parallel=0)}, "profile.parallel"),
         ({"engine": "vllm"}, "profile.gpus"),
         ({"scaling": ScalingConfig(min=2, max=1)}, "scaling"),
+        ({"scaling": ScalingConfig(up_after_s=-1)}, "scaling.up_after_s"),
+        ({"scaling": ScalingConfig(cooldown_s=-1)}, "scaling.cooldown_s"),
+        ({"scaling": ScalingConfig(down_below=1.5)}, "scaling.down_below"),
     ],
 )
 def test_an_invalid_model_is_refused_naming_the_model_and_the_field(kw, field):
@@ -37,6 +40,15 @@ def test_an_invalid_model_is_refused_naming_the_model_and_the_field(kw, field):
     assert f" {field} " in str(err.value)
     if kw.get("name", "m"):
         assert "model 'm'" in str(err.value)
+
+
+def test_the_scaling_settings_reach_the_autoscaler():
+    cfg = ScalingConfig(min=1, max=4, target_queue_wait_s=2.0, up_after_s=10.0,
+                        down_below=0.2, down_after_s=60.0, cooldown_s=30.0)  # fmt: skip
+    (m,) = catalog.load([model(scaling=cfg)])
+    s = m.scaling()
+    assert (s.min, s.max, s.target_queue_wait_s, s.up_after_s) == (1, 4, 2.0, 10.0)
+    assert (s.down_below, s.down_after_s, s.cooldown_s) == (0.2, 60.0, 30.0)
 
 
 def test_a_name_or_alias_used_twice_is_refused():

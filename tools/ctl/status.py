@@ -245,7 +245,8 @@ def models(ctx, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @pass_state
 def models_list(state, as_json):
-    """Every configured model: replicas ready against its minimum, state, and why."""
+    """Every configured model: replicas ready against what it wants now, state, and why
+    (the autoscaler's last decision, or what blocks a scale-up)."""
     body = client(state).get("/v1/models")
     if as_json:
         print_json(body)

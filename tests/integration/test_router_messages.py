@@ -5,6 +5,7 @@ import os
 
 import anthropic
 import pytest
+import requests
 
 from llmgw.store import Usage, open_store
 from tests.helpers import eventually, llmgw
@@ -70,6 +71,16 @@ def test_a_bad_key_is_an_authentication_error(router, client_for):
     with pytest.raises(anthropic.AuthenticationError) as err:
         client_for(router.url, "wrong").messages.create(model="m", max_tokens=5, messages=HI)
     assert err.value.body["error"]["type"] == "authentication_error"
+
+
+def test_requests_are_counted_by_the_api_they_came_by(router, client, client_for):
+    client.messages.create(model="m", max_tokens=5, messages=HI)
+    with pytest.raises(anthropic.AuthenticationError):
+        client_for(router.url, "wrong").messages.create(model="m", max_tokens=5, messages=HI)
+    text = requests.get(router.url + "/metrics", timeout=5).text
+    assert 'llmgw_router_api_requests_total{api="/v1/messages",status="200"} 1.0' in text
+    assert 'llmgw_router_api_requests_total{api="/v1/messages",status="401"} 1.0' in text
+    assert 'api="/v1/chat/completions"' not in text
 
 
 def test_an_unknown_model_is_not_found(client):

@@ -7,6 +7,11 @@ _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 REQUESTS = Counter(
     "llmgw_router_requests", "Requests answered, by model and HTTP status", ["model", "status"]
 )
+API_REQUESTS = Counter(
+    "llmgw_router_api_requests",
+    "Requests answered, by the API path they came by and HTTP status",
+    ["api", "status"],
+)
 DURATION = Histogram(
     "llmgw_router_request_duration_seconds",
     "Whole request, first byte in to last byte out",

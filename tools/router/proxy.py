@@ -164,7 +164,7 @@ class Proxy:
         rid = request_id(request)
         key = self.authorise(request, rid)
         if isinstance(key, web.Response):
-            return count(key, "")
+            return count(key, "", route.path)
         policy = self.policies.policy(key) if self.policies is not None else None
         who = policy.who if policy is not None else NOBODY
         ticket = Ticket(rid, key.id, who, t0, route.path)
@@ -448,6 +448,7 @@ class Proxy:
             served if served is not None else (requested if self.table.serves(requested) else "")
         )
         metrics.REQUESTS.labels(label, str(status)).inc()
+        metrics.API_REQUESTS.labels(ticket.api or "", str(status)).inc()
         if call is not None:
             metrics.DURATION.labels(served).observe(latency)
             if ttft is not None:
@@ -658,9 +659,10 @@ def request_id(request: web.Request) -> str:
     return secrets.token_hex(8)
 
 
-def count(resp: web.Response, model: str) -> web.Response:
+def count(resp: web.Response, model: str, api: str) -> web.Response:
     """Count a request answered before it reached an engine."""
     metrics.REQUESTS.labels(model, str(resp.status)).inc()
+    metrics.API_REQUESTS.labels(api, str(resp.status)).inc()
     return resp
 
 

@@ -22,7 +22,7 @@ Rules of one pass:
 import random
 from dataclasses import dataclass, field
 
-from llmgw.placement import INSTALLING, Fleet, Need, NodeView
+from llmgw.placement import INSTALLING, Fleet, Need, NodeView, collector_paused
 from llmgw.states import ACTIVE, ShardState
 
 PENDING, STARTING, READY = ShardState.PENDING, ShardState.STARTING, ShardState.READY
@@ -83,6 +83,7 @@ def _stop_order(r: ReplicaView, draining_nodes: set[str]) -> tuple:
     return (group, -r.since, r.id)
 
 
+@collector_paused()
 def reconcile(desired: list[Desired], replicas: list[ReplicaView], nodes: list[NodeView],
               backoff: dict[str, Backoff], now: float) -> Decisions:  # fmt: skip
     out = Decisions()

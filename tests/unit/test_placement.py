@@ -282,3 +282,25 @@ def test_disk_counts_when_every_fitting_node_already_has_a_replica():
     fleet = Fleet([node("a", gib=16, disk_free=GiB, replicas={"m": 1}),
                    node("b", gib=4, disk_free=50 * GiB, replicas={"m": 2})])  # fmt: skip
     assert fleet.place(need).node == "b"
+
+
+def test_a_pass_holds_the_cycle_collector_off_and_gives_it_back_as_it_found_it():
+    import gc
+
+    seen = []
+
+    class Engines(dict):
+        def get(self, *args):  # read while the pass indexes the node
+            seen.append(gc.isenabled())
+            return super().get(*args)
+
+    assert gc.isenabled()
+    place_many([cpu()], [node("n1", engines=Engines({LLAMA: "installed"}))])
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        place_many([cpu()], [node("n1")])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -352,6 +352,18 @@ def cluster(tmp_path):
 
 
 @pytest.fixture
+def source(tmp_path):
+    """An HTTPS weights source with one 2 MiB GGUF, `m.gguf`, that counts downloads."""
+    from tests.weights_server import WeightsServer
+
+    data = b"GGUF" + os.urandom(2 << 20)
+    server = WeightsServer({"m.gguf": data}, tls_dir=tmp_path / "source-tls")
+    server.data = data
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def tls_cluster(cluster):
     """A cluster whose scheduler serves its admin API on HTTPS with a certificate from
     the cluster CA (what join tokens and onboarding need), started without models."""

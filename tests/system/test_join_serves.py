@@ -4,23 +4,10 @@ joins (the first, `llmgw nodes onboard`, is tests/system/test_onboard.py)."""
 
 import hashlib
 import json
-import os
-
-import pytest
 
 from tests.helpers import BIN, Proc, eventually, free_range
 from tests.system.conftest import GiB
 from tests.system.test_join import NewNode, ok, token_for
-from tests.weights_server import WeightsServer
-
-
-@pytest.fixture
-def source(tmp_path):
-    data = b"GGUF" + os.urandom(1 << 20)
-    server = WeightsServer({"m.gguf": data}, tls_dir=tmp_path / "source-tls")
-    server.data = data
-    yield server
-    server.stop()
 
 
 def test_a_joined_node_serves_a_model_with_weights_from_the_mirror(tls_cluster, source, api_key):

@@ -6,14 +6,12 @@ import hashlib
 import json
 import os
 
-import pytest
 import requests
 
 from llmgw import mirror
 from llmgw.store import ClusterSecret, open_store
 from tests.helpers import eventually
 from tests.system.conftest import GiB
-from tests.weights_server import WeightsServer
 
 
 def ok(result) -> str:
@@ -23,15 +21,6 @@ def ok(result) -> str:
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def source(tmp_path):
-    data = b"GGUF" + os.urandom(2 << 20)
-    server = WeightsServer({"m.gguf": data}, tls_dir=tmp_path / "source-tls")
-    server.data = data
-    yield server
-    server.stop()
 
 
 def node_token(cluster, node: str) -> str:

@@ -28,6 +28,7 @@ from llmgw_agentd.engines import FAILED, Installer
 from llmgw_agentd.resources import Resources
 from llmgw_agentd.supervisor import FAILED as SHARD_FAILED
 from llmgw_agentd.supervisor import START_TIMEOUT_S, STOPPED, Supervisor
+from llmgw_agentd.topology import Probe
 from llmgw_agentd.weights import Weights, remove_partial
 
 _log = log.get("llmgw.agentd")
@@ -97,6 +98,7 @@ class Agent:
         remove_partial(state_dir)
         self.events: queue.SimpleQueue[tuple[str, dict]] = queue.SimpleQueue()
         self.resources = Resources(cfg.agent, disk=state_dir)
+        self.probe = Probe(cfg.agent)
         self.installer = Installer(
             cfg.agent, state_dir, lambda: bool(self.resources.gpus()), self._on_install
         )
@@ -135,6 +137,7 @@ class Agent:
             "shards": shards,
             "fetching": self.supervisor.weights.fetching(),
             "weights": self.supervisor.weights.cached(),
+            "topology": self.probe.report(),
         }
 
     def _send(self, link: Link, kind: str, body: dict) -> bool:

@@ -93,6 +93,7 @@ class View:
             "last_seen": n.last_seen, "version": n.version or None,
             "disk_total": n.disk_total or None, "disk_free": n.disk_free or None,
             "fetching": [] if n.lost else n.fetching,
+            "topology": n.topology,
         }  # fmt: skip
 
     def nodes(self) -> list[dict]:
@@ -103,7 +104,7 @@ class View:
                 out.append({"name": peer, "state": "never seen", "cpus": 0, "memory_total": 0,
                             "memory_available": 0, "gpus": [], "engines": {}, "replicas": 0,
                             "last_seen": None, "version": None, "disk_total": None,
-                            "disk_free": None, "fetching": []})  # fmt: skip
+                            "disk_free": None, "fetching": [], "topology": {}})  # fmt: skip
         return out
 
     def model(self, m) -> dict:

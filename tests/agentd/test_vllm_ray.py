@@ -70,7 +70,8 @@ def test_every_port_comes_from_that_nodes_block_of_its_range():
     ports_flags = ("--port", "--node-manager-port", "--object-manager-port",
                    "--ray-client-server-port", "--dashboard-agent-listen-port",
                    "--dashboard-agent-grpc-port", "--metrics-export-port",
-                   "--runtime-env-agent-port", "--min-worker-port", "--max-worker-port")  # fmt: skip
+                   "--runtime-env-agent-port", "--min-worker-port",
+                   "--max-worker-port")  # fmt: skip
     for step, node in ((head, LEADER), (worker, WORKER_NODE)):
         used = [int(flag(step.argv, f)) for f in ports_flags if f in step.argv]
         assert used and all(node.ports[0] <= p <= node.ports[1] for p in used), used

@@ -20,7 +20,15 @@ from llmgw.jointokens import TokenRefused
 from llmgw.placement import place
 from llmgw.states import LIVE, LOST, ShardState
 from llmgw.store import BusPeer
-from llmgw_scheduler import join_api, mirror_api, onboarding_api, page, registry, releases_api
+from llmgw_scheduler import (
+    fabric_api,
+    join_api,
+    mirror_api,
+    onboarding_api,
+    page,
+    registry,
+    releases_api,
+)
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -503,7 +511,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if parts == ["v1", "operators"]:
             return self._operators_add()
-        apis = (registry, releases_api, mirror_api, join_api, onboarding_api)
+        apis = (registry, releases_api, mirror_api, join_api, onboarding_api, fabric_api)
         if any(api.post(self, parts) for api in apis):
             return
         s = self.sched

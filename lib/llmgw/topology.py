@@ -397,3 +397,14 @@ def _greedy(topo: Topology, free: list[int], n: int) -> tuple[int, ...]:
         if best is None or _score(topo, cand) < _score(topo, best):
             best = cand
     return best
+
+
+def group_on_node(report: dict | None, gpus: list[dict], k: int, memory: int) -> GpuChoice | None:
+    """The GPUs a `k`-GPU group would get on a node, for explain-placement: from the
+    node's reported topology (the hello's `topology`) and GPUs (`resources.gpus`), those
+    with `memory` bytes free. None for fewer than two GPUs, a node without a matrix, or
+    too few GPUs free."""
+    if k < 2 or not report or not report.get("matrix"):
+        return None
+    free = [int(g["index"]) for g in gpus if int(g.get("memory_free", 0)) >= memory]
+    return choose_gpus(Topology.from_dict(report["matrix"]), free, k)

@@ -204,8 +204,9 @@ class Cluster:
                   env={"LLMGW_CONFIG": ""})  # fmt: skip
 
     def start_agent(self, name: str, memory: int, register: bool = True,
-                    extra: str = "") -> Proc:  # fmt: skip
-        """`extra`: more [agent] lines (fabric_address = …)."""
+                    extra: str = "", env: dict | None = None) -> Proc:  # fmt: skip
+        """`extra`: more [agent] lines (fabric_address = …); `env`: its environment's
+        changes (PATH with a fake nvidia-smi)."""
         (self.tmp / "ctl.toml").write_text(self._common(self.tmp / "ctl-state"))
         if register and not (self.etc / "pki" / "curve" / f"{name}.key_secret").exists():
             self.register(name)
@@ -218,7 +219,9 @@ class Cluster:
             'metrics_listen = "127.0.0.1:0"\n' + extra + self._engines()
         )
         proc = Proc(
-            [str(BIN / "llmgw-agentd"), "--config", str(cfg)], self.tmp / f"agent-{name}.log"
+            [str(BIN / "llmgw-agentd"), "--config", str(cfg)],
+            self.tmp / f"agent-{name}.log",
+            env=env,
         )
         self.agents[name] = proc
         return proc

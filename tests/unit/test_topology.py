@@ -195,3 +195,14 @@ def test_a_large_box_is_chosen_greedily_and_still_prefers_nvlink():
     choice = choose_gpus(t, gpus[4:], 6)
     assert choice.link == "NV12"
     assert len({g // 8 for g in choice.gpus}) == 1
+
+
+def test_explain_names_the_gpus_and_link_a_group_would_get_on_a_node():
+    report = {"matrix": topo("pcie-4gpu").as_dict()}
+    gib = 1 << 30
+    gpus = [{"index": i, "memory_free": free * gib} for i, free in enumerate([2, 40, 40, 40])]
+    choice = topology.group_on_node(report, gpus, 2, 20 * gib)  # GPU 0 is nearly full
+    assert choice.why == "GPUs 1,2 joined by PXB (pcie)"
+    assert topology.group_on_node(report, gpus, 1, gib) is None  # one GPU: no link
+    assert topology.group_on_node({"matrix": None}, gpus, 2, gib) is None  # no nvidia-smi
+    assert topology.group_on_node(report, gpus, 4, 20 * gib) is None  # three have room

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from llmgw import audit, bus, dirs, lease, log, operators
+from llmgw import audit, bus, dirs, lease, log, operators, topology
 from llmgw.dirs import DirError
 from llmgw.errors import Conflict, Invalid, NotFound, Refused
 from llmgw.jointokens import TokenRefused
@@ -172,12 +172,20 @@ class View:
     def placement(self, m) -> dict:
         need = self.s.needs.need(m)
         p = place(need, self.s.node_views(), explain=True)
+        nodes = self.s.inv.nodes
+
+        def link(n: str) -> str:
+            # Which GPUs a tensor-parallel group would get there, and the link joining them.
+            choice = topology.group_on_node(nodes[n].topology, nodes[n].gpus, need.gpus,
+                                            need.memory)  # fmt: skip
+            return choice.why if choice else ""
+
         return {
             "model": m.name,
             "need": {"memory": need.memory, "gpus": need.gpus, "engine": need.engine},
             "choice": p.node, "install": p.install,
-            "nodes": [{"name": n, "fits": n not in p.reasons, "reason": p.reasons.get(n, "")}
-                      for n in sorted(self.s.inv.nodes)],
+            "nodes": [{"name": n, "fits": n not in p.reasons, "reason": p.reasons.get(n, ""),
+                       "gpu_link": link(n)} for n in sorted(nodes)],
         }  # fmt: skip
 
 

@@ -8,8 +8,8 @@ from tests.helpers import eventually
 from tests.system.conftest import GiB
 
 
-def fabric(address: str) -> str:
-    return f'fabric_address = "{address}"\nfabric_interface = "lo"\nfabric = "lab"\n'
+def fabric(address: str, label: str = "lab") -> str:
+    return f'fabric_address = "{address}"\nfabric_interface = "lo"\nfabric = "{label}"\n'
 
 
 def reported(cluster, names: set[str]) -> bool:
@@ -17,23 +17,24 @@ def reported(cluster, names: set[str]) -> bool:
     return all(n in nodes and nodes[n]["state"] == "up" for n in names)
 
 
-def test_fabric_test_measures_between_two_agents_and_says_why_a_node_without_one_fails(cluster):
+def test_fabric_test_measures_between_agents_on_one_fabric_and_says_why_a_pair_fails(cluster):
     cluster.start_scheduler()
     cluster.start_agent("fab-a", memory=GiB, extra=fabric("127.0.0.2"))
     cluster.start_agent("fab-b", memory=GiB, extra=fabric("127.0.0.3"))
     cluster.start_agent("plain", memory=GiB)
-    eventually(lambda: reported(cluster, {"fab-a", "fab-b", "plain"}), timeout=20,
-               what="three agents up")  # fmt: skip
+    cluster.start_agent("elsewhere", memory=GiB, extra=fabric("127.0.0.4", "other"))
+    eventually(lambda: reported(cluster, {"fab-a", "fab-b", "plain", "elsewhere"}), timeout=20,
+               what="four agents up")  # fmt: skip
     nodes = {n["name"]: n for n in cluster.admin("/v1/nodes")}
     assert nodes["fab-b"]["topology"]["fabric"] == {
         "label": "lab", "address": "127.0.0.3", "interface": "lo"}  # fmt: skip
     assert nodes["plain"]["topology"]["matrix"] is None  # no nvidia-smi here
 
-    # No NODE: every node with a fabric address, i.e. the one pair.
+    # No NODE: every pair with a fabric address on the same fabric, i.e. the one pair.
     result = cluster.ctl("fabric", "test", "--mib", "8", "--json")
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout)
-    assert body["nodes"] == ["fab-a", "fab-b"]
+    assert body["nodes"] == ["elsewhere", "fab-a", "fab-b"]
     (row,) = body["results"]
     assert (row["from"], row["to"], row["error"]) == ("fab-a", "fab-b", "")
     host, port = row["address"].rsplit(":", 1)

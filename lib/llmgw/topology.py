@@ -344,7 +344,8 @@ class GpuChoice:
 
 def _score(topo: Topology, group: tuple[int, ...]) -> tuple:
     links = [link_rank(topo.link(a, b)) for a, b in itertools.combinations(group, 2)]
-    numas = {topo.numa_affinity.get(g, "") for g in group}
+    # Older drivers print no NUMA column: the CPU affinity names the socket as well.
+    numas = {topo.numa_affinity.get(g) or topo.cpu_affinity.get(g, "") for g in group}
     # The worst link first (it paces every all-reduce), then the sum (fewer slow pairs),
     # then one NUMA node, then the lowest indices (stable, readable choices).
     return (max(links), sum(r for r, _ in links), len(numas), group)
@@ -368,6 +369,7 @@ def choose_gpus(topo: Topology, free: list[int], n: int) -> GpuChoice | None:
     full = Topology(
         gpus=sorted(known | set(free)),
         links=dict(topo.links),
+        cpu_affinity=dict(topo.cpu_affinity),
         numa_affinity=dict(topo.numa_affinity),
     )
     for a, b in itertools.combinations(full.gpus, 2):

@@ -206,3 +206,26 @@ def test_explain_names_the_gpus_and_link_a_group_would_get_on_a_node():
     assert topology.group_on_node(report, gpus, 1, gib) is None  # one GPU: no link
     assert topology.group_on_node({"matrix": None}, gpus, 2, gib) is None  # no nvidia-smi
     assert topology.group_on_node(report, gpus, 4, 20 * gib) is None  # three have room
+
+
+def test_a_hybrid_cube_mesh_reads_its_nv1_and_nv2_links_and_gaps():
+    t = topo("dgx1-v100-8gpu")
+    assert t.link(0, 3) == "NV2" and t.link(0, 1) == "NV1" and t.link(0, 5) == "SYS"
+    assert t.nics == ["mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3"]
+    assert t.nic_links[(6, "mlx5_3")] == "PIX"
+    assert sum(1 for v in t.links.values() if v.startswith("NV")) == 16
+
+
+def test_on_a_hybrid_cube_mesh_the_doubled_links_are_preferred():
+    t = topo("dgx1-v100-8gpu")
+    assert choose_gpus(t, list(range(8)), 2).gpus == (0, 3)
+    assert choose_gpus(t, [0, 5, 6], 2) == topology.GpuChoice(
+        (5, 6), "NV2", "GPUs 5,6 joined by NV2 (nvlink)")  # fmt: skip
+    four = choose_gpus(t, list(range(8)), 4)
+    assert four.gpus == (0, 1, 2, 3) and four.link == "NV1"  # every pair on NVLink
+
+
+def test_without_a_numa_column_the_cpu_affinity_keeps_a_group_on_one_socket():
+    t = Topology(gpus=[0, 1, 2], links={(0, 1): "SYS", (0, 2): "SYS", (1, 2): "SYS"},
+                 cpu_affinity={0: "0-9", 1: "10-19", 2: "10-19"})  # fmt: skip
+    assert choose_gpus(t, [0, 1, 2], 2).gpus == (1, 2)

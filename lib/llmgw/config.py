@@ -187,6 +187,14 @@ class AgentConfig:
     # Finished engine builds are looked for here before building (~/.cache/llmgw/engines).
     engine_cache: str = ""
     engines: list[EngineConfig] = field(default_factory=list)
+    # The network between nodes of one replica (NCCL, Ray, `llmgw fabric test`): this
+    # node's address and interface on it, and a label naming the fabric it is part of.
+    fabric_address: str = ""
+    fabric_interface: str = ""
+    fabric: str = ""
+    # The port range the agent's fabric test endpoint listens on (0/0: any free port).
+    fabric_test_port_min: int = 0
+    fabric_test_port_max: int = 0
 
 
 @dataclass

@@ -55,6 +55,8 @@ class MsgType(StrEnum):
     REFUSED = "refused"
     LOGS = "logs"
     INSTALL_STATUS = "install_status"
+    FABRIC_READY = "fabric_ready"
+    FABRIC_RESULT = "fabric_result"
     # router -> scheduler
     WANT = "want"
     ACTIVITY = "activity"
@@ -64,6 +66,8 @@ class MsgType(StrEnum):
     STOP_SHARD = "stop_shard"
     INSTALL_ENGINE = "install_engine"
     GET_LOGS = "get_logs"
+    FABRIC_LISTEN = "fabric_listen"
+    FABRIC_TEST = "fabric_test"
     # scheduler -> routers (PUB)
     ROUTES = "routes"
 

@@ -203,7 +203,10 @@ class Cluster:
             llmgw("--config", str(self.tmp / "ctl.toml"), kind, "add", name, "--store",
                   env={"LLMGW_CONFIG": ""})  # fmt: skip
 
-    def start_agent(self, name: str, memory: int, register: bool = True) -> Proc:
+    def start_agent(self, name: str, memory: int, register: bool = True,
+                    extra: str = "", env: dict | None = None) -> Proc:  # fmt: skip
+        """`extra`: more [agent] lines (fabric_address = …); `env`: its environment's
+        changes (PATH with a fake nvidia-smi)."""
         (self.tmp / "ctl.toml").write_text(self._common(self.tmp / "ctl-state"))
         if register and not (self.etc / "pki" / "curve" / f"{name}.key_secret").exists():
             self.register(name)
@@ -213,10 +216,12 @@ class Cluster:
             self._common(self.tmp / f"agent-{name}")
             + f'[agent]\nname = "{name}"\nschedulers = {self._all("bus")}\nheartbeat_s = 0.5\n'
             f"memory_bytes = {memory}\nport_min = {lo}\nport_max = {hi}\n"
-            'metrics_listen = "127.0.0.1:0"\n' + self._engines()
+            'metrics_listen = "127.0.0.1:0"\n' + extra + self._engines()
         )
         proc = Proc(
-            [str(BIN / "llmgw-agentd"), "--config", str(cfg)], self.tmp / f"agent-{name}.log"
+            [str(BIN / "llmgw-agentd"), "--config", str(cfg)],
+            self.tmp / f"agent-{name}.log",
+            env=env,
         )
         self.agents[name] = proc
         return proc

@@ -20,6 +20,7 @@ NODE_KEYS = {
     "disk_total",
     "disk_free",
     "fetching",
+    "topology",
 }
 MODEL_KEYS = {
     "name",

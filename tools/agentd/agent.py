@@ -25,9 +25,11 @@ from llmgw.config import Config
 from llmgw.states import MsgType
 from llmgw_agentd import metrics
 from llmgw_agentd.engines import FAILED, Installer
+from llmgw_agentd.fabric import Tester
 from llmgw_agentd.resources import Resources
 from llmgw_agentd.supervisor import FAILED as SHARD_FAILED
 from llmgw_agentd.supervisor import START_TIMEOUT_S, STOPPED, Supervisor
+from llmgw_agentd.topology import Probe
 from llmgw_agentd.weights import Weights, remove_partial
 
 _log = log.get("llmgw.agentd")
@@ -97,6 +99,8 @@ class Agent:
         remove_partial(state_dir)
         self.events: queue.SimpleQueue[tuple[str, dict]] = queue.SimpleQueue()
         self.resources = Resources(cfg.agent, disk=state_dir)
+        self.probe = Probe(cfg.agent)
+        self.fabric = Tester(cfg.agent, self.name, lambda kind, body: self.events.put((kind, body)))
         self.installer = Installer(
             cfg.agent, state_dir, lambda: bool(self.resources.gpus()), self._on_install
         )
@@ -135,6 +139,7 @@ class Agent:
             "shards": shards,
             "fetching": self.supervisor.weights.fetching(),
             "weights": self.supervisor.weights.cached(),
+            "topology": self.probe.report(),
         }
 
     def _send(self, link: Link, kind: str, body: dict) -> bool:
@@ -254,6 +259,8 @@ class Agent:
             self._install(str(body.get("engine", "")), str(body.get("version", "")))
         elif kind == "get_logs":
             self._logs(body)
+        elif kind in (MsgType.FABRIC_LISTEN, MsgType.FABRIC_TEST):
+            self.fabric.handle(kind, body)
         elif kind not in self._unsupported:
             self._unsupported.add(kind)
             _log.warning("unsupported_command", type=kind)

@@ -32,6 +32,10 @@ STATES = (INSTALLING, INSTALLED, FAILED)
 LLAMA, VLLM = "llama.cpp", "vllm"
 REASON_LINES = 20
 _PERCENT = re.compile(rb"^\[ *(\d+)%\]")
+# Installed beside vLLM in its environment: a replica across nodes runs on Ray (cgraph:
+# the compiled graphs vLLM's pipeline parallelism uses on Ray). pip resolves a version
+# that the pinned vLLM accepts.
+RAY_REQUIREMENT = "ray[cgraph]"
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,9 @@ class Installer:
         if name == LLAMA:
             return (self._dir(name, version) / "bin" / "llama-server").exists()
         if name == VLLM:
-            return (self._dir(name, version) / ".installed").exists()
+            # Without ray it cannot span nodes: an older install is installed again.
+            d = self._dir(name, version)
+            return (d / ".installed").exists() and (d / "bin" / "ray").exists()
         return False
 
     def is_installed(self, name: str, version: str) -> bool:
@@ -299,7 +305,7 @@ class Installer:
         log_file.unlink(missing_ok=True)
         self._run([sys.executable, "-m", "venv", str(venv)], log_file, "venv", engine_id)
         self._run(
-            [str(venv / "bin" / "pip"), "install", f"vllm=={version}"],
+            [str(venv / "bin" / "pip"), "install", f"vllm=={version}", RAY_REQUIREMENT],
             log_file,
             "pip install",
             engine_id,

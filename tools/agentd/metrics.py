@@ -35,3 +35,58 @@ def update(body: dict) -> None:
             INSTALLS.labels(engine_id, state).set(1 if install["state"] == state else 0)
     MEMORY_AVAILABLE.set(body["resources"]["memory_available"])
     MEMORY_TOTAL.set(body["resources"]["memory_total"])
+    update_topology(body.get("topology"))
+
+
+# GPU health and fabric ports: what `nvidia-smi --query-gpu` and /sys/class/infiniband say.
+# A figure the driver does not have ([N/A], [Not Supported]) has no sample, not a zero.
+GPU_UTILIZATION = Gauge(
+    "llmgw_agent_gpu_utilization_ratio", "GPU busy fraction over the driver's last sample",
+    ["gpu", "uuid"],
+)  # fmt: skip
+GPU_TEMPERATURE = Gauge("llmgw_agent_gpu_temperature_celsius", "GPU core temperature",
+                        ["gpu", "uuid"])  # fmt: skip
+GPU_MEMORY_USED = Gauge("llmgw_agent_gpu_memory_used_bytes", "GPU memory in use",
+                        ["gpu", "uuid"])  # fmt: skip
+GPU_MEMORY_TOTAL = Gauge("llmgw_agent_gpu_memory_total_bytes", "GPU memory",
+                         ["gpu", "uuid"])  # fmt: skip
+GPU_ECC = Gauge(
+    "llmgw_agent_gpu_ecc_uncorrected_errors",
+    "Uncorrected ECC errors since the driver loaded (volatile)",
+    ["gpu", "uuid"],
+)  # fmt: skip
+IB_PORT_UP = Gauge(
+    "llmgw_agent_ib_port_active", "1 if the port is ACTIVE with its link up",
+    ["device", "port", "link_layer"],
+)  # fmt: skip
+IB_PORT_RATE = Gauge("llmgw_agent_ib_port_rate_bits_per_second", "The port's signalling rate",
+                     ["device", "port", "link_layer"])  # fmt: skip
+
+_GPU_GAUGES = (
+    (GPU_UTILIZATION, "utilization", 0.01),
+    (GPU_TEMPERATURE, "temperature", 1),
+    (GPU_MEMORY_USED, "memory_used", 1),
+    (GPU_MEMORY_TOTAL, "memory_total", 1),
+    (GPU_ECC, "ecc_uncorrected", 1),
+)
+
+
+def update_topology(report: dict | None) -> None:
+    """Set the GPU and port gauges from the hello's `topology`; a GPU or port that is
+    gone loses its samples."""
+    report = report or {}
+    for gauge, _, _ in _GPU_GAUGES:
+        gauge.clear()
+    for gpu in report.get("health") or []:
+        labels = (str(gpu["index"]), gpu.get("uuid", ""))
+        for gauge, key, scale in _GPU_GAUGES:
+            if gpu.get(key) is not None:
+                gauge.labels(*labels).set(gpu[key] * scale)
+    IB_PORT_UP.clear()
+    IB_PORT_RATE.clear()
+    for port in report.get("infiniband") or []:
+        labels = (port["device"], str(port["port"]), port.get("link_layer", ""))
+        up = port.get("state") == "ACTIVE" and port.get("phys_state") == "LinkUp"
+        IB_PORT_UP.labels(*labels).set(1 if up else 0)
+        if port.get("rate_gbps") is not None:
+            IB_PORT_RATE.labels(*labels).set(port["rate_gbps"] * 1e9)

@@ -30,8 +30,8 @@ class Admin:
     def get(self, path: str, **params):
         return self._call("GET", path, params={k: v for k, v in params.items() if v is not None})
 
-    def post(self, path: str, body: dict | None = None):
-        return self._call("POST", path, body=body)
+    def post(self, path: str, body: dict | None = None, timeout_s: float = TIMEOUT_S):
+        return self._call("POST", path, body=body, timeout_s=timeout_s)
 
     def delete(self, path: str):
         return self._call("DELETE", path)

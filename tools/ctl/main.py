@@ -8,6 +8,7 @@ from llmgw_ctl.catalog import scale
 from llmgw_ctl.common import State
 from llmgw_ctl.config import config
 from llmgw_ctl.drain import drain, undrain
+from llmgw_ctl.fabric import fabric
 from llmgw_ctl.keys import keys
 from llmgw_ctl.limits import budgets, limits
 from llmgw_ctl.logs import logs
@@ -70,6 +71,7 @@ cli.add_command(explain_placement)
 cli.add_command(retry)
 cli.add_command(scale)
 cli.add_command(logs)
+cli.add_command(fabric)
 cli.add_command(restart)
 cli.add_command(audit)
 cli.add_command(orgs)

@@ -304,6 +304,9 @@ def explain_placement(state, model, as_json):
             ["NODE", "FITS", "WHY NOT"],
             [[n["name"], "yes" if n["fits"] else "no", n.get("reason", "")] for n in body["nodes"]],
         )
+        for n in body["nodes"]:
+            if n.get("gpu_link"):
+                click.echo(f"{n['name']}: {n['gpu_link']}")
     else:
         click.echo("no node has reported to the scheduler")
     if body.get("choice"):

@@ -13,14 +13,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from llmgw import audit, bus, dirs, lease, log, operators
+from llmgw import audit, bus, dirs, lease, log, operators, topology
 from llmgw.dirs import DirError
 from llmgw.errors import Conflict, Invalid, NotFound, Refused
 from llmgw.jointokens import TokenRefused
 from llmgw.placement import place
 from llmgw.states import LIVE, LOST, ShardState
 from llmgw.store import BusPeer
-from llmgw_scheduler import join_api, mirror_api, onboarding_api, page, registry, releases_api
+from llmgw_scheduler import (
+    fabric_api,
+    join_api,
+    mirror_api,
+    onboarding_api,
+    page,
+    registry,
+    releases_api,
+)
 
 _log = log.get("llmgw.scheduler.admin")
 
@@ -93,6 +101,7 @@ class View:
             "last_seen": n.last_seen, "version": n.version or None,
             "disk_total": n.disk_total or None, "disk_free": n.disk_free or None,
             "fetching": [] if n.lost else n.fetching,
+            "topology": n.topology,
         }  # fmt: skip
 
     def nodes(self) -> list[dict]:
@@ -103,7 +112,7 @@ class View:
                 out.append({"name": peer, "state": "never seen", "cpus": 0, "memory_total": 0,
                             "memory_available": 0, "gpus": [], "engines": {}, "replicas": 0,
                             "last_seen": None, "version": None, "disk_total": None,
-                            "disk_free": None, "fetching": []})  # fmt: skip
+                            "disk_free": None, "fetching": [], "topology": {}})  # fmt: skip
         return out
 
     def model(self, m) -> dict:
@@ -163,12 +172,20 @@ class View:
     def placement(self, m) -> dict:
         need = self.s.needs.need(m)
         p = place(need, self.s.node_views(), explain=True)
+        nodes = self.s.inv.nodes
+
+        def link(n: str) -> str:
+            # Which GPUs a tensor-parallel group would get there, and the link joining them.
+            choice = topology.group_on_node(nodes[n].topology, nodes[n].gpus, need.gpus,
+                                            need.memory)  # fmt: skip
+            return choice.why if choice else ""
+
         return {
             "model": m.name,
             "need": {"memory": need.memory, "gpus": need.gpus, "engine": need.engine},
             "choice": p.node, "install": p.install,
-            "nodes": [{"name": n, "fits": n not in p.reasons, "reason": p.reasons.get(n, "")}
-                      for n in sorted(self.s.inv.nodes)],
+            "nodes": [{"name": n, "fits": n not in p.reasons, "reason": p.reasons.get(n, ""),
+                       "gpu_link": link(n)} for n in sorted(nodes)],
         }  # fmt: skip
 
 
@@ -502,7 +519,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if parts == ["v1", "operators"]:
             return self._operators_add()
-        apis = (registry, releases_api, mirror_api, join_api, onboarding_api)
+        apis = (registry, releases_api, mirror_api, join_api, onboarding_api, fabric_api)
         if any(api.post(self, parts) for api in apis):
             return
         s = self.sched

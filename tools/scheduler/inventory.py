@@ -26,6 +26,9 @@ class Node:
     disk_free: int = 0
     fetching: list = field(default_factory=list)  # weights on their way from the mirror
     weights: frozenset = frozenset()  # content ids of the weights the node has
+    # The GPU interconnect matrix, InfiniBand ports, GPU health and fabric address, as
+    # the agent reports them (llmgw_agentd.topology.Probe.report); {} from older agents.
+    topology: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +87,8 @@ class Inventory:
         node.disk_free = int(res.get("disk_free") or 0)
         node.fetching = [f for f in body.get("fetching") or [] if isinstance(f, dict)]
         node.weights = frozenset(str(w) for w in body.get("weights") or [])
+        topo = body.get("topology")
+        node.topology = topo if isinstance(topo, dict) else {}
         return node
 
     def shards_report(self, node_id: str, shards: list[dict], now: float, grace_s: float):

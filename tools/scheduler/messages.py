@@ -66,8 +66,8 @@ class Messages:
                     r.last_used = max(r.last_used, now - idle)
             if self.loads is not None:
                 self.loads.report(sender, body, now)
-        elif kind == MsgType.LOGS:
-            self.logs.answer(body)
+        elif kind in (MsgType.LOGS, MsgType.FABRIC_READY, MsgType.FABRIC_RESULT):
+            self.logs.answer(body)  # a waiter by request id (llmgw logs, llmgw fabric test)
         elif kind == MsgType.INSTALL_STATUS:
             node = self.inv.nodes.get(sender)
             if node is not None:

@@ -1,0 +1,205 @@
+"""Prefix-aware routing's bookkeeping: keys, matching, LRU bounds, the load guard and
+self-correction from what the engine says it reused."""
+
+from dataclasses import dataclass
+
+from llmgw_router.prefix import (
+    BLOCK_CHARS,
+    ENTRY_BYTES,
+    PrefixIndex,
+    cached_tokens,
+    canonical,
+    request_key,
+)
+
+SYSTEM = "You are a careful assistant. " * 60  # ~1,700 characters, ~13 blocks
+
+
+@dataclass(eq=False)
+class Ep:
+    id: str
+    outstanding: int = 0
+
+
+def chat(*turns, system=SYSTEM, model="m", **extra):
+    messages = [{"role": "system", "content": system}]
+    for i, text in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return {"model": model, "messages": messages, **extra}
+
+
+def test_a_later_turn_shares_the_leading_blocks_of_the_earlier_one():
+    first = request_key(chat("What is a fox?"))
+    later = request_key(chat("What is a fox?", "An animal.", "And a dog?"))
+    shared = len(canonical(chat("What is a fox?"))) // BLOCK_CHARS
+    assert later.blocks[:shared] == first.blocks[:shared]
+    assert len(later.blocks) > len(first.blocks)
+
+
+def test_the_key_follows_template_order_not_the_first_message_or_the_json():
+    a = request_key(chat("hello"))
+    other_user = request_key(chat("goodbye"))
+    assert a.blocks != other_user.blocks  # same messages[0], different prompts
+    # Key order in the JSON body, or a field the template does not render, changes nothing.
+    reordered = {"messages": chat("hello")["messages"], "model": "m", "temperature": 0.3}
+    assert request_key(reordered).blocks == a.blocks
+    assert request_key(chat("hello", model="n")).blocks[0] != a.blocks[0]
+    with_tools = request_key(chat("hello", tools=[{"type": "function", "name": "f"}]))
+    assert with_tools.blocks[0] != a.blocks[0]
+
+
+def test_a_completion_keys_on_its_prompt_and_embeddings_have_no_key():
+    assert request_key({"model": "m", "prompt": "x" * 300}).chars > 300
+    assert request_key({"model": "m", "input": ["a", "b"]}) is None  # embeddings
+    assert canonical({"model": "m"}) is None
+
+
+def test_a_replica_holding_the_conversation_gets_its_next_turn():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    k1 = request_key(chat("q1"))
+    first = idx.choose([a, b], k1)
+    idx.served(first.id, k1, 0, None)
+    other = b if first is a else a
+    key = request_key(chat("q1", "a1", "q2"))
+    assert idx.match(first.id, key) > 0 and idx.match(other.id, key) == 0
+    assert idx.choose([a, b], key) is first
+
+
+def test_a_prompt_nobody_holds_goes_to_the_least_outstanding():
+    idx = PrefixIndex()
+    a, b = Ep("a", outstanding=1), Ep("b", outstanding=0)
+    assert idx.choose([a, b], request_key(chat("q", system="fresh " * 50))) is b
+
+
+def test_a_shared_system_prompt_held_by_both_still_spreads_by_load():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    idx.sent("a", request_key(chat("x")), 0)
+    idx.sent("b", request_key(chat("y")), 0)
+    idx.served("a", request_key(chat("x")), 0, None)
+    for rid in ("a", "b"):
+        idx._replicas[rid].inflight = 0
+    a.outstanding = 1
+    assert idx.choose([a, b], request_key(chat("z"))) is b
+
+
+def test_tokens_in_flight_outweigh_a_small_cache_advantage():
+    idx = PrefixIndex(alpha=1.0)
+    a, b = Ep("a"), Ep("b")
+    key = request_key(chat("q", system="short"))
+    idx.sent("a", key, 0)
+    idx._replicas["a"].inflight = 5000  # a long prompt is being evaluated there
+    assert idx.choose([a, b], request_key(chat("q", "r", "s", system="short"))) is b
+
+
+def test_the_session_header_breaks_a_tie():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    k1 = request_key(chat("q", system="s"), session="user-7")
+    first = idx.choose([a, b], k1)
+    idx.served(first.id, k1, 0, None)
+    unrelated = request_key({"model": "m", "prompt": "p"}, session="user-7")
+    for _ in range(3):
+        chosen = idx.choose([a, b], unrelated)
+        idx.served(chosen.id, unrelated, 0, None)
+        assert chosen is first
+
+
+def test_each_replica_remembers_at_most_its_engine_cache():
+    idx = PrefixIndex()
+    idx.size("a", cache_tokens=2 * 512)  # two slots of 512 tokens
+    cap = idx.blocks_for(1024)
+    for i in range(50):
+        idx.sent("a", request_key(chat(f"conversation {i}", system=f"s{i} " * 100)), 0)
+    assert idx.held("a") == cap
+    latest = request_key(chat("conversation 49", system="s49 " * 100))
+    assert idx.match("a", latest) == len(latest.blocks)  # the newest is kept
+    oldest = request_key(chat("conversation 0", system="s0 " * 100))
+    assert idx.match("a", oldest) == 0  # the oldest went first
+
+
+def test_every_replica_together_stays_under_the_memory_ceiling():
+    idx = PrefixIndex(memory_bytes=100 * ENTRY_BYTES, default_capacity_tokens=1 << 20)
+    for i in range(40):
+        rid = "ab"[i % 2]
+        idx.sent(rid, request_key(chat(f"q{i}", system=f"sys {i} " * 40)), 0)
+    assert idx.held("a") + idx.held("b") <= 100
+    assert idx.held("a") > 0 and idx.held("b") > 0
+
+
+def test_the_load_guard_sends_to_the_least_loaded_and_records_the_prefix_there():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    hot = request_key(chat("q"))
+    idx.sent("a", hot, 0)
+    idx.served("a", hot, 0, None)
+    a.outstanding, b.outstanding = 3, 0  # 3 more than b, and over 1.5× as many
+    key = request_key(chat("q", "r", "s"))
+    assert idx.choose([a, b], key) is b
+    assert idx.match("b", key) == len(key.blocks)
+
+
+def test_the_load_guard_waits_for_more_than_the_slots_of_a_replica():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    hot = request_key(chat("q"))
+    idx.sent("a", hot, 0)
+    idx.served("a", hot, 0, None)
+    a.outstanding, b.outstanding = 3, 0
+    key = request_key(chat("q", "r", "s"))
+    assert idx.choose([a, b], key, slots_of=lambda ep: 4) is a  # 3 more is within 4 slots
+    idx.served("a", key, 0, None)
+    a.outstanding, b.outstanding = 4, 2  # 2 more, not over max(2, slots)
+    assert idx.choose([a, b], request_key(chat("q", "r", "t"))) is a
+
+
+def test_an_engine_that_cached_far_less_than_predicted_loses_the_chain():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    k1 = request_key(chat("q"))
+    idx.choose([a, b], k1)
+    rid = "a" if idx.held("a") else "b"
+    idx.served(rid, k1, prompt_tokens=k1.chars // 4, cached=0)
+    k2 = request_key(chat("q", "r", "s"))
+    assert idx.choose([a, b], k2).id == rid
+    assert k2.matched > 0
+    out = idx.served(rid, k2, prompt_tokens=k2.chars // 4, cached=0)
+    assert out.predicted > 100 and out.actual == 0 and out.dropped > 0
+    assert idx.match(rid, request_key(chat("q", "r", "s", "t", "u"))) == 0
+
+
+def test_an_engine_that_cached_what_was_predicted_keeps_the_chain():
+    idx = PrefixIndex()
+    k1 = request_key(chat("q"))
+    idx.sent("a", k1, 0)
+    idx.served("a", k1, prompt_tokens=k1.chars // 4, cached=0)
+    k2 = request_key(chat("q", "r", "s"))
+    idx.sent("a", k2, idx.match("a", k2))
+    out = idx.served("a", k2, prompt_tokens=k2.chars // 4, cached=k1.chars // 4 - 3)
+    assert out.dropped == 0
+    assert idx.match("a", k2) == len(k2.blocks)
+
+
+def test_tokens_in_flight_are_given_back_when_a_request_ends():
+    idx = PrefixIndex()
+    k = request_key(chat("q"))
+    idx.sent("a", k, 0)
+    assert idx.inflight("a") > 0
+    idx.served("a", k, 0, None)
+    assert idx.inflight("a") == 0
+
+
+def test_replicas_that_left_the_table_are_forgotten():
+    idx = PrefixIndex()
+    idx.sent("a", request_key(chat("q"), session="s"), 0)
+    idx.sent("b", request_key(chat("r")), 0)
+    idx.forget({"b"})
+    assert idx.held("a") == 0 and idx.held("b") > 0
+    assert idx._entries == idx.held("b")
+
+
+def test_cached_tokens_are_read_from_usage_or_llama_server_timings():
+    assert cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": 12}}}) == 12
+    assert cached_tokens({"usage": {"prompt_tokens": 3}, "timings": {"cache_n": 7}}) == 7
+    assert cached_tokens({"usage": {"prompt_tokens": 3}}) is None

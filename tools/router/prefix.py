@@ -1,0 +1,292 @@
+"""Prefix-aware routing: send a request where its prompt is most likely cached already.
+
+Pure bookkeeping, no I/O, no clock. A request's key is the canonical text of its prompt
+in the order the chat template renders it (model, tools, then each message's role and
+content; a completion's prompt), cut into blocks of `BLOCK_CHARS`, each block's hash
+chained on the previous one's, so one flat dict per replica stands in for a trie: a
+request's match on a replica is the leading run of its blocks that replica holds.
+
+What a replica holds is a guess made from this router's own traffic, bounded the way
+the engine's cache is (llama.cpp: slots × context per slot), and corrected by what the
+engine says it reused (`usage.prompt_tokens_details.cached_tokens`, llama-server's
+`timings.cache_n`): where it reused far less than predicted, the chain is dropped there.
+"""
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+BLOCK_CHARS = 128
+CHARS_PER_TOKEN = 4.0  # a start; the tokens engines report refine it per model
+ENTRY_BYTES = 120  # what one remembered block costs: dict slot, int key, list links
+# Below this many predicted tokens a miss proves nothing (one block is noise).
+MISS_MIN_TOKENS = 2 * BLOCK_CHARS / CHARS_PER_TOKEN
+
+
+def _text(content) -> str:
+    """A message's content as text: a string, or the parts of a multimodal list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    out.append(text)
+                else:  # an image or audio part: its reference, sorted, stands for it
+                    out.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
+        return "\x1d".join(out)
+    if content is None:
+        return ""
+    return json.dumps(content, sort_keys=True, separators=(",", ":"))
+
+
+def canonical(payload: dict) -> str | None:
+    """The prompt as the engine will see it, in order; None for a request with none
+    (embeddings, a malformed body: those route by load alone)."""
+    parts = [str(payload.get("model", ""))]
+    tools = payload.get("tools")
+    if tools:
+        parts.append("tools\x1e" + json.dumps(tools, sort_keys=True, separators=(",", ":")))
+    for name in ("system", "instructions"):  # Anthropic's and the Responses API's
+        if payload.get(name):
+            parts.append("system\x1e" + _text(payload[name]))
+    messages = payload.get("messages")
+    if messages is None and isinstance(payload.get("input"), list):
+        messages = payload["input"]  # the Responses API's items
+    if isinstance(messages, list):
+        for m in messages:
+            if not isinstance(m, dict):
+                return None
+            text = _text(m.get("content"))
+            if m.get("tool_calls"):
+                text += "\x1d" + json.dumps(m["tool_calls"], sort_keys=True)
+            parts.append(f"{m.get('role', '')}\x1e{text}")
+        return "\x1f".join(parts)
+    prompt = payload.get("prompt")
+    if prompt is None and isinstance(payload.get("input"), str):
+        prompt = payload["input"]
+    if isinstance(prompt, str):
+        return "\x1f".join([*parts, prompt])
+    if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        return "\x1f".join([*parts, ",".join(map(str, prompt))])  # token ids
+    return None
+
+
+def chain(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
+    """Each block's hash chained on the one before: equal hashes at position i mean
+    equal text up to the end of block i (within one process, which is all a router's
+    memory of its own traffic needs)."""
+    out, h = [], 0
+    for i in range(0, len(text), block_chars):
+        h = hash((h, text[i : i + block_chars]))
+        out.append(h)
+    return tuple(out)
+
+
+@dataclass(eq=False)
+class Key:
+    """One request's prompt as blocks, and what it costs a replica to take it."""
+
+    model: str
+    blocks: tuple[int, ...]
+    chars: int
+    session: str = ""
+    max_tokens: int = 256  # decode work it brings, counted in tokens in flight
+    # Set by choose() for the replica it went to, read back by served():
+    matched: int = 0  # leading blocks that replica was thought to hold
+    load: float = 0.0  # tokens of work added to that replica's in-flight count
+
+
+def request_key(payload: dict, session: str = "", block_chars: int = BLOCK_CHARS) -> Key | None:
+    text = canonical(payload)
+    if text is None:
+        return None
+    mt = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    mt = mt if isinstance(mt, int) and mt > 0 else 256
+    return Key(str(payload.get("model", "")), chain(text, block_chars), len(text), session, mt)
+
+
+class _Replica:
+    __slots__ = ("blocks", "capacity", "inflight")
+
+    def __init__(self, capacity: int):
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.capacity = capacity  # blocks
+        self.inflight = 0.0  # tokens of work this router has sent it and not seen end
+
+
+@dataclass
+class Outcome:
+    predicted: float  # cached tokens the match promised
+    actual: int  # cached tokens the engine reported
+    dropped: int  # blocks forgotten because the engine reused far less
+
+
+@dataclass
+class PrefixIndex:
+    """Per replica, an LRU of the block hashes it was sent; the choice among replicas."""
+
+    alpha: float = 1.0  # weight of tokens already in flight against uncached tokens
+    memory_bytes: int = 64 << 20  # ceiling over every replica's LRU together
+    block_chars: int = BLOCK_CHARS
+    default_capacity_tokens: int = 8192  # a replica whose cache size nobody said
+    _replicas: dict = field(default_factory=dict)
+    _sessions: dict = field(default_factory=dict)  # session -> replica id (bounded LRU)
+    _chars_per_token: dict = field(default_factory=dict)  # model -> learned ratio
+    _entries: int = 0
+
+    # -- sizes ------------------------------------------------------------------------
+
+    def blocks_for(self, tokens: int, model: str = "") -> int:
+        return max(1, int(tokens * self.chars_per_token(model) / self.block_chars))
+
+    def chars_per_token(self, model: str) -> float:
+        return self._chars_per_token.get(model, CHARS_PER_TOKEN)
+
+    def size(self, replica: str, cache_tokens: int, model: str = "") -> None:
+        """How much the engine behind `replica` caches (llama.cpp: slots × ctx per
+        slot; vLLM: KV blocks × block size), in tokens."""
+        r = self._replica(replica)
+        r.capacity = self.blocks_for(cache_tokens, model)
+        self._trim(r)
+
+    def _replica(self, rid: str) -> _Replica:
+        r = self._replicas.get(rid)
+        if r is None:
+            r = self._replicas[rid] = _Replica(self.blocks_for(self.default_capacity_tokens))
+        return r
+
+    def held(self, replica: str) -> int:
+        r = self._replicas.get(replica)
+        return len(r.blocks) if r is not None else 0
+
+    def inflight(self, replica: str) -> float:
+        r = self._replicas.get(replica)
+        return r.inflight if r is not None else 0.0
+
+    def forget(self, keep) -> None:
+        """Drop replicas not in `keep` (they left the routing table)."""
+        for rid in [r for r in self._replicas if r not in keep]:
+            self._entries -= len(self._replicas.pop(rid).blocks)
+        for s in [s for s, rid in self._sessions.items() if rid not in keep]:
+            del self._sessions[s]
+
+    # -- matching ---------------------------------------------------------------------
+
+    def match(self, replica: str, key: Key) -> int:
+        """The leading run of `key`'s blocks that `replica` holds."""
+        r = self._replicas.get(replica)
+        if r is None:
+            return 0
+        n = 0
+        for h in key.blocks:
+            if h not in r.blocks:
+                break
+            n += 1
+        return n
+
+    def choose(self, candidates, key: Key, slots_of=lambda ep: 0):
+        """The candidate (anything with `.id` and `.outstanding`) minimising uncached
+        prompt tokens + alpha × tokens in flight; ties to the client's session, then to
+        the least outstanding. A load guard overrides the cache when one replica has
+        piled up far more requests than another. Records the choice (see `sent`)."""
+        if not candidates:
+            return None
+        cpt = self.chars_per_token(key.model)
+        per_block = self.block_chars / cpt
+        total = key.chars / cpt
+        sticky = self._sessions.get(key.session) if key.session else None
+        best, best_rank, matched = None, None, 0
+        for ep in candidates:
+            m = self.match(ep.id, key)
+            uncached = max(0.0, total - m * per_block)
+            rank = (uncached + self.alpha * self.inflight(ep.id), ep.id != sticky, ep.outstanding)
+            if best_rank is None or rank < best_rank:
+                best, best_rank, matched = ep, rank, m
+        least = min(candidates, key=lambda ep: ep.outstanding)
+        busiest = max(candidates, key=lambda ep: ep.outstanding)
+        slots = max((slots_of(ep) for ep in candidates), default=0)
+        if (
+            busiest.outstanding - least.outstanding > max(2, slots)
+            and busiest.outstanding > 1.5 * least.outstanding
+            and best.outstanding > least.outstanding
+        ):
+            best, matched = least, self.match(least.id, key)
+        self.sent(best.id, key, matched)
+        return best
+
+    def sent(self, replica: str, key: Key, matched: int) -> None:
+        """`key` went to `replica`: after it, the engine holds its prompt; until it
+        ends, its uncached prompt and its decode count as work in flight there."""
+        r = self._replica(replica)
+        cpt = self.chars_per_token(key.model)
+        key.matched = matched
+        key.load = max(0.0, key.chars / cpt - matched * self.block_chars / cpt) + key.max_tokens
+        r.inflight += key.load
+        for h in key.blocks:
+            if h in r.blocks:
+                r.blocks.move_to_end(h)
+            else:
+                r.blocks[h] = None
+                self._entries += 1
+        self._trim(r)
+        if key.session:
+            self._sessions[key.session] = replica
+            if len(self._sessions) > 100_000:
+                del self._sessions[next(iter(self._sessions))]
+
+    def _trim(self, r: _Replica) -> None:
+        while len(r.blocks) > r.capacity:
+            r.blocks.popitem(last=False)
+            self._entries -= 1
+        ceiling = max(1, self.memory_bytes // ENTRY_BYTES)
+        while self._entries > ceiling:  # from whichever replica remembers most
+            big = max(self._replicas.values(), key=lambda x: len(x.blocks))
+            big.blocks.popitem(last=False)
+            self._entries -= 1
+
+    # -- what the engine said ---------------------------------------------------------
+
+    def served(self, replica: str, key: Key, prompt_tokens: int, cached: int | None) -> Outcome:
+        """The request sent with `sent()` ended. With the engine's prompt token count,
+        learn the model's characters per token; with its cached count, drop the part of
+        the chain it had not kept, when it kept far less than predicted."""
+        r = self._replicas.get(replica)
+        if r is not None:
+            r.inflight = max(0.0, r.inflight - key.load)
+        key.load = 0.0
+        if prompt_tokens > 0 and key.chars > 0:
+            old = self.chars_per_token(key.model)
+            self._chars_per_token[key.model] = 0.8 * old + 0.2 * (key.chars / prompt_tokens)
+        cpt = key.chars / prompt_tokens if prompt_tokens > 0 else self.chars_per_token(key.model)
+        predicted = min(key.matched * self.block_chars / cpt, float(prompt_tokens or 1e18))
+        if cached is None or r is None:
+            return Outcome(predicted, -1 if cached is None else cached, 0)
+        dropped = 0
+        if predicted - cached >= MISS_MIN_TOKENS and cached < 0.5 * predicted:
+            keep = int(cached * cpt / self.block_chars)
+            for h in key.blocks[keep:]:
+                if h in r.blocks:
+                    del r.blocks[h]
+                    self._entries -= 1
+                    dropped += 1
+        return Outcome(predicted, cached, dropped)
+
+
+def cached_tokens(answer: dict) -> int | None:
+    """Prompt tokens the engine reused from its cache, from an answer or a stream's
+    last event: OpenAI's `usage.prompt_tokens_details.cached_tokens`, else
+    llama-server's `timings.cache_n`; None when it says neither."""
+    usage = answer.get("usage")
+    if isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            return details["cached_tokens"]
+    timings = answer.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        return timings["cache_n"]
+    return None

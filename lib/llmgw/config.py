@@ -19,8 +19,9 @@ DEFAULT_PATH = Path("/etc/llmgw/llmgw.toml")
 
 
 def secret(default: str = "", doc: str = ""):
-    """A field whose value, if it starts with '@', is read from that file."""
-    return field(default=default, metadata={"secret": True, "doc": doc})
+    """A field whose value, if it starts with '@', is read from that file. Never in a repr,
+    so a config printed or logged for debugging does not carry it."""
+    return field(default=default, repr=False, metadata={"secret": True, "doc": doc})
 
 
 @dataclass

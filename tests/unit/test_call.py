@@ -1,10 +1,17 @@
-"""Answers carry the served model's name: the byte splice of `"model"` in call.py."""
+"""Byte splices on the request path: answers carry the served model's name (`"model"`),
+a client that asked no usage gets none (the `usage` member cut out), and the engine is
+asked for usage (`stream_options` spliced into the request)."""
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from llmgw_router.call import model_field, set_model
+from llmgw_router.call import Call, model_field, set_model, without_usage
+from llmgw_router.proxy import CHAT, ask_usage
 
 FIELD = model_field("gemma3-270m")
 PATH = '/var/lib/llmgw/weights/gemma-"q4"/m.gguf\\'
@@ -60,3 +67,103 @@ def test_a_whole_answer_gets_the_name_and_names_are_json_escaped():
 def test_bytes_that_are_not_json_come_back_unchanged():
     for data in (b'"model": "unterminated \\"', b"", b'"model"', b'x"model":'):
         assert set_model(data, FIELD) == data
+
+
+# -- a stream the client asked no usage of: the usage member cut out of the bytes -------
+
+STREAMS = sorted((Path(__file__).parent.parent / "fixtures" / "chat_streams").glob("*.sse"))
+
+
+def parse_and_dump(block: bytes) -> bytes:
+    """What the router did before the splice: every usage event parsed, the usage-only
+    one dropped, the usage member of one with choices deleted and the rest re-serialised."""
+    kept = []
+    for event in block.split(b"\n\n"):
+        if not event:
+            continue
+        if event.startswith(b"data: {") and b'"usage"' in event:
+            obj = json.loads(event[6:])
+            if isinstance(obj.get("usage"), dict):
+                if not obj.get("choices"):
+                    continue
+                del obj["usage"]
+                event = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+        kept.append(event)
+    return b"".join(e + b"\n\n" for e in kept)
+
+
+def with_usage_on_chunks(block: bytes) -> list[bytes]:
+    """The stream as it came, and as engines that put usage on a chunk with choices send
+    it: usage first, in the middle and last among the members of each content chunk."""
+    events = [e for e in block.split(b"\n\n") if e]
+    usage = next(json.loads(e[6:])["usage"] for e in events if b'"usage"' in e)
+    variants = [block]
+    for where in ("first", "middle", "last"):
+        out = []
+        for e in events:
+            if not e.startswith(b"data: {") or b'"usage"' in e:
+                out.append(e)
+                continue
+            items = list(json.loads(e[6:]).items())
+            at = {"first": 0, "middle": len(items) // 2, "last": len(items)}[where]
+            items.insert(at, ("usage", usage))
+            out.append(b"data: " + json.dumps(dict(items), separators=(",", ":")).encode())
+        variants.append(b"".join(e + b"\n\n" for e in out))
+    return variants
+
+
+def fresh_call(client_usage: bool) -> Call:
+    proxy = SimpleNamespace(served_name=lambda m: m)
+    return Call(proxy, None, CHAT, "rid", "m", True, client_usage, 0.0, {})
+
+
+@pytest.mark.parametrize("path", STREAMS, ids=lambda p: p.name)
+def test_the_usage_splice_equals_parsing_and_dumping_over_the_captured_streams(path):
+    for block in with_usage_on_chunks(path.read_bytes()):
+        call = fresh_call(client_usage=False)
+        assert call._filter_events(block) == parse_and_dump(block)
+        assert call.prompt_tokens > 0 and call.completion_tokens > 0
+
+
+@pytest.mark.parametrize("path", STREAMS, ids=lambda p: p.name)
+def test_a_client_that_asked_for_usage_gets_the_stream_byte_for_byte(path):
+    for block in with_usage_on_chunks(path.read_bytes()):
+        assert fresh_call(client_usage=True)._filter_events(block) == block
+
+
+json_text = st.text(alphabet=st.sampled_from('ab "\\:{}[],usage\n'), max_size=12)
+json_values = st.recursive(
+    st.none() | st.integers() | json_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(json_text, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    members=st.dictionaries(json_text.filter(lambda k: k != "usage"), json_values, max_size=4),
+    usage=st.dictionaries(json_text, json_values, max_size=3),
+    at=st.integers(min_value=0, max_value=4),
+    spaced=st.booleans(),
+)
+def test_cutting_usage_out_of_the_bytes_leaves_the_same_object_or_declines(
+    members, usage, at, spaced
+):
+    items = list(members.items())
+    items.insert(min(at, len(items)), ("usage", usage))
+    sep = (", ", ": ") if spaced else (",", ":")
+    event = b"data: " + json.dumps(dict(items), separators=sep).encode()
+    cut = without_usage(event)
+    if cut is None:  # allowed only where the bytes cannot tell which member it is
+        assert not members or event.count(b'"usage"') > 1
+        return
+    assert json.loads(cut[6:]) == members
+    if not spaced:
+        assert cut == b"data: " + json.dumps(members, separators=sep).encode()
+
+
+def test_a_streamed_request_without_stream_options_gets_include_usage_spliced_in():
+    body = b'  {"model":"m","stream":true,"messages":[{"role":"user","content":"{\\"x"}]}'
+    spliced = ask_usage(body)
+    assert json.loads(spliced) == {**json.loads(body), "stream_options": {"include_usage": True}}
+    assert ask_usage(b"\xef\xbb\xbf" + body.strip()) is None  # a BOM: serialise instead

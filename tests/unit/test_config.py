@@ -54,7 +54,9 @@ def test_a_secret_is_read_from_a_file_relative_to_the_config(tmp_path):
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "e.key").write_text("s3cret\n")
     path = write(tmp_path, "[[router.endpoints]]\nid='a'\nurl='http://x'\nkey='@secrets/e.key'\n")
-    assert config.load(path).router.endpoints[0].key == "s3cret"
+    cfg = config.load(path)
+    assert cfg.router.endpoints[0].key == "s3cret"
+    assert "s3cret" not in repr(cfg)  # a config printed or logged does not carry it
 
 
 def test_a_missing_secret_file_is_an_error_naming_the_key(tmp_path):

@@ -87,3 +87,13 @@ def test_a_fed_table_has_no_table_until_the_feed_sends_one_and_wakes_who_waits()
 
     assert asyncio.run(scenario()) is True
     assert table.has_table
+
+
+def test_the_engine_key_is_never_in_an_endpoints_repr_or_a_replicas():
+    from llmgw_scheduler.inventory import Replica
+
+    ep = Endpoint("r1", "http://x", ("m",), "engine-s3cret")
+    assert b"engine-s3cret" in ep.head  # it is sent to the engine...
+    assert "engine-s3cret" not in repr(ep) and "engine-s3cret" not in str([ep])  # ...only
+    replica = Replica("r1", "m", "n1", "default", "ready", 0.0, key="engine-s3cret")
+    assert "engine-s3cret" not in repr(replica)

@@ -10,13 +10,13 @@ import pytest
 from llmgw.store import Usage, migrate, open_store
 from llmgw_router import spool as spoolmod
 from llmgw_router.spool import Spool, SpoolLocked
-from llmgw_router.usage import UsageWriter
-
-NOBODY = (None, None, None, None, None)
+from llmgw_router.usage import UsageRow, UsageWriter
 
 
-def row(rid: str, status: int = 200) -> tuple:
-    return (time.time(), rid, "key_x", "m", "m", "e0", 5, 7, status, 12.5, 3.0) + NOBODY
+def row(rid: str, status: int = 200) -> UsageRow:
+    return UsageRow(time.time(), rid, "key_x", "m", served_model="m", endpoint="e0",
+                    prompt_tokens=5, completion_tokens=7, status=status, latency_ms=12.5,
+                    ttft_ms=3.0)  # fmt: skip
 
 
 @pytest.fixture
@@ -109,8 +109,8 @@ def test_a_spool_left_by_a_crash_is_replayed_at_start_without_duplicates(tmp_pat
 def test_a_torn_last_line_is_skipped_with_a_log_line(tmp_path, db, caplog):
     directory = tmp_path / "spool"
     directory.mkdir()
-    good = spoolmod.encode((*row("r1"), "id-1")) + spoolmod.encode((*row("r2"), "id-2"))
-    torn = spoolmod.encode((*row("r3"), "id-3"))[:40]  # the write a crash cut short
+    good = spoolmod.encode(row("r1").values("id-1")) + spoolmod.encode(row("r2").values("id-2"))
+    torn = spoolmod.encode(row("r3").values("id-3"))[:40]  # the write a crash cut short
     (directory / "usage-00000007.spool").write_bytes(good + torn)
     caplog.set_level(logging.INFO)
     writer, sp, _ = make(directory, db)
@@ -192,9 +192,11 @@ def test_rows_left_when_the_store_is_down_at_exit_stay_in_the_spool(tmp_path, db
 
 def test_a_spool_left_by_a_router_from_before_the_api_column_is_replayed_without_it(tmp_path, db):
     writer, sp, _ = make(tmp_path / "spool", db)
-    writer.record(row("new"), "/v1/messages")
+    new = row("new")
+    new.api = "/v1/messages"
+    writer.record(new)
     # A line as a router before m014 wrote it: no api after its row_id.
-    sp.append(spoolmod.encode((*row("old"), "oldrouter1")))
+    sp.append(spoolmod.encode(row("old").values("oldrouter1")[:-1]))
     writer.flush()
     apis = {r.request_id: r.api for r in Usage.select(Usage.request_id, Usage.api)}
     assert apis == {"new": "/v1/messages", "old": None}

@@ -9,10 +9,9 @@ from llmgw.errors import StoreError
 from llmgw.store import ApiKey, Usage, database_for, migrate, open_store, pending, redact
 from llmgw.store.migrations import MIGRATIONS
 from llmgw_router.keycache import KeyCache
-from llmgw_router.usage import UsageWriter
+from llmgw_router.usage import UsageRow, UsageWriter
 
 # A usage row's attribution and cost, for a key that belongs to nobody.
-NOBODY = (None, None, None, None, None)
 
 
 @pytest.fixture
@@ -60,7 +59,9 @@ def test_the_key_cache_sees_new_and_revoked_keys_incrementally(db):
 def test_usage_rows_are_written_in_batches(db):
     writer = UsageWriter(db, capacity=100, batch=3)
     for i in range(7):
-        writer.record((time.time(), f"r{i}", "key_x", "m", "m", "e", 5, 7, 200, 12.5, 3.0) + NOBODY)
+        writer.record(UsageRow(time.time(), f"r{i}", "key_x", "m", served_model="m", endpoint="e",
+                               prompt_tokens=5, completion_tokens=7, status=200,
+                               latency_ms=12.5, ttft_ms=3.0))  # fmt: skip
     assert writer.flush() == 7
     rows = list(Usage.select().order_by(Usage.request_id))
     assert [r.request_id for r in rows] == [f"r{i}" for i in range(7)]
@@ -71,14 +72,14 @@ def test_a_full_usage_buffer_drops_and_counts_instead_of_growing(db):
     dropped = []
     writer = UsageWriter(db, capacity=2, on_drop=dropped.append)
     for i in range(5):
-        writer.record((time.time(), f"r{i}", None, "m", None, None, 0, 0, 401, 1.0, None) + NOBODY)
+        writer.record(UsageRow(time.time(), f"r{i}", None, "m", status=401, latency_ms=1.0))
     assert writer.pending() == 2
     assert sum(dropped) == 3
 
 
 def test_rows_survive_a_failed_write_and_are_written_on_the_next_try(db, monkeypatch):
     writer = UsageWriter(db, capacity=10)
-    writer.record((time.time(), "r1", None, "m", None, None, 0, 0, 200, 1.0, None) + NOBODY)
+    writer.record(UsageRow(time.time(), "r1", None, "m", status=200, latency_ms=1.0))
     good_sql = writer._sql
     writer._sql = good_sql.replace("INSERT INTO usage", "INSERT INTO no_such_table")
     with pytest.raises(Exception, match="no_such_table"):

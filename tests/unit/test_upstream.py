@@ -149,3 +149,31 @@ def test_garbage_instead_of_http_is_a_protocol_error():
         assert err.value.kind == "protocol"
 
     run(main())
+
+
+def test_an_origin_that_left_the_routing_table_is_forgotten_and_its_connections_closed():
+    async def main():
+        body = b"{}"
+        reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n" + body
+        async with Server([reply, reply, reply]) as srv:
+            pool = srv.pool
+            busy = await pool.request(pool.origin(srv.url), HEAD, b"{}")
+            idle = await pool.request(pool.origin(srv.url), HEAD, b"{}")  # a second one
+            await idle.read()
+            idle.release()  # kept alive, idle
+            assert srv.connections == 2 and pool.origin(srv.url).idle
+            pool.retain(["http://127.0.0.1:1"])  # a table without this engine
+            assert srv.url not in pool._origins
+            assert idle.conn.transport is None  # the idle one closed at once
+            await busy.read()
+            busy.release()  # the one answering closes when its answer ends...
+            assert busy.conn.transport is None
+            # ...and an engine that comes back gets a fresh origin.
+            again = await pool.request(pool.origin(srv.url), HEAD, b"{}")
+            assert await again.read() == body
+            again.release()
+            assert srv.connections == 3
+            pool.retain([srv.url])
+            assert pool.origin(srv.url).idle  # an origin that stays keeps its connections
+
+    run(main())

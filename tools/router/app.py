@@ -108,6 +108,7 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
 
             def install(eps, known):
                 table.replace(eps, known)
+                pool.retain(ep.url for ep in eps)  # replicas that left: their connections go
                 admission.pump_all()  # more replicas: more slots for the queued
 
             # The feed's thread hands each new table to the loop; the request path only

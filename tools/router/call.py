@@ -94,6 +94,99 @@ def set_model(data: bytes, field: bytes) -> bytes:
     return data if out is None else b"".join(out) + data[pos_done:]
 
 
+_USAGE_KEY = b'"usage"'
+_WS = b" \t\r\n"
+
+
+def _unescaped(data: bytes, quote: int) -> bool:
+    """The `"` at `quote` is not escaped by a backslash."""
+    b = quote - 1
+    while b >= 0 and data[b] == 0x5C:
+        b -= 1
+    return (quote - 1 - b) % 2 == 0
+
+
+def _string_end(data: bytes, start: int) -> int:
+    """Just past the string whose opening quote is at `start` (-1: it does not end)."""
+    end = start + 1
+    while (end := data.find(b'"', end)) >= 0:
+        if _unescaped(data, end):
+            return end + 1
+        end += 1
+    return -1
+
+
+def _object_end(data: bytes, start: int) -> int:
+    """Just past the JSON object whose `{` is at `start`, braces in strings skipped
+    (-1: it does not end)."""
+    depth, i, n = 0, start, len(data)
+    while i < n:
+        c = data[i]
+        if c == 0x22:
+            i = _string_end(data, i)
+            if i < 0:
+                return -1
+            continue
+        if c == 0x7B:
+            depth += 1
+        elif c == 0x7D:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return -1
+
+
+def without_usage(event: bytes) -> bytes | None:
+    """`event` (one `data: {...}` SSE event whose top-level `usage` is an object) with
+    that member cut out of the bytes; None where that cannot be told from the bytes
+    alone (the caller then parses and re-serialises).
+
+    Sound on valid JSON, by set_model's argument: an unescaped `"usage"` followed by `:`
+    is a member's name, never text in a string. The caller knows (it parsed the event)
+    that the top level has one holding an object, so if the bytes hold exactly one such
+    name, it is that member, and its value runs from its `{` to the matching `}`. Cutting
+    the name, the value and one comma beside them leaves the same object without
+    `usage`, each other member's bytes as the engine wrote them: what json.dumps would
+    write for it whenever the engine writes compact JSON, as engines do (the unit test
+    checks this over the captured streams)."""
+    found = -1
+    pos = 0
+    while (i := event.find(_USAGE_KEY, pos)) >= 0:
+        pos = i + len(_USAGE_KEY)
+        if not _unescaped(event, i):
+            continue
+        j = pos
+        while j < len(event) and event[j] in _WS:
+            j += 1
+        if j >= len(event) or event[j] != 0x3A:
+            continue  # "usage" as a value
+        if found >= 0:
+            return None  # a second member named usage, at some depth: cannot tell which
+        found = i
+        value = j + 1
+    if found < 0:
+        return None
+    while value < len(event) and event[value] in _WS:
+        value += 1
+    if value >= len(event) or event[value] != 0x7B:
+        return None
+    end = _object_end(event, value)
+    if end < 0:
+        return None
+    after = end
+    while after < len(event) and event[after] in _WS:
+        after += 1
+    if after < len(event) and event[after] == 0x2C:  # a member follows: take its comma
+        return event[:found] + event[after + 1 :].lstrip(_WS)
+    before = found - 1
+    while before >= 0 and event[before] in _WS:
+        before -= 1
+    if before >= 0 and event[before] == 0x2C:  # the last member: take the comma before
+        return event[:before] + event[end:]
+    return None  # the only member: not a chunk worth keeping as it is
+
+
 class Call:
     """One model's attempt at a request, from choosing an endpoint to the last byte."""
 
@@ -421,8 +514,12 @@ class Call:
                     if not self.client_usage:
                         if not obj.get("choices"):
                             continue  # the usage-only chunk the client did not ask for
-                        del obj["usage"]
-                        event = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+                        # Cut out of the bytes rather than parsed and written again.
+                        cut = without_usage(event)
+                        if cut is None:
+                            del obj["usage"]
+                            cut = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+                        event = cut
                     kept.append(event)
                     continue
             if event.startswith(b"data: {"):

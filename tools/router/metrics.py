@@ -86,3 +86,50 @@ FALLBACKS = Counter(
     "Requests sent to a fallback model, by requested model, fallback and reason",
     ["model", "fallback", "reason"],
 )
+
+
+# -- children looked up once ------------------------------------------------------------
+# A labels() call costs about 1.08 µs (it locks, builds a tuple and looks it up), a dict
+# hit 0.36; the request path made six a request. Its label values are few (served models,
+# statuses, API paths), as for the metric itself, so the caches are as bounded as the
+# series are.
+
+
+class ModelMetrics:
+    """The children of one served model's per-model metrics."""
+
+    __slots__ = ("duration", "ttft", "prompt_tokens", "completion_tokens")
+
+    def __init__(self, model: str):
+        self.duration = DURATION.labels(model)
+        self.ttft = TTFT.labels(model)
+        self.prompt_tokens = TOKENS.labels(model, "prompt")
+        self.completion_tokens = TOKENS.labels(model, "completion")
+
+
+_by_model: dict[str, ModelMetrics] = {}
+_requests: dict[tuple[str, int], object] = {}
+_api_requests: dict[tuple[str, int], object] = {}
+
+
+def of_model(model: str) -> ModelMetrics:
+    m = _by_model.get(model)
+    if m is None:
+        m = _by_model[model] = ModelMetrics(model)
+    return m
+
+
+def requests(model: str, status: int):
+    """REQUESTS's child for (model, status)."""
+    child = _requests.get((model, status))
+    if child is None:
+        child = _requests[(model, status)] = REQUESTS.labels(model, str(status))
+    return child
+
+
+def api_requests(api: str, status: int):
+    """API_REQUESTS's child for (api path, status)."""
+    child = _api_requests.get((api, status))
+    if child is None:
+        child = _api_requests[(api, status)] = API_REQUESTS.labels(api, str(status))
+    return child

@@ -29,7 +29,7 @@ from llmgw_router.policy import NOBODY, Policies
 from llmgw_router.quota import Quota
 from llmgw_router.routing import RoutingTable
 from llmgw_router.upstream import Pool
-from llmgw_router.usage import UsageWriter
+from llmgw_router.usage import UsageRow, UsageWriter
 
 _log = log.get("llmgw.router")
 
@@ -204,8 +204,10 @@ class Proxy:
             client_usage = bool(opts.get("include_usage"))
             if not client_usage:
                 # Always ask for usage: it is what the usage row and budgets count.
+                if body is not None and "stream_options" not in payload:
+                    # The openai client's default: spliced in, not serialised again.
+                    body = ask_usage(body)
                 payload["stream_options"] = {**opts, "include_usage": True}
-                body = None
 
         reservation = None
         if policy is not None and policy.limited:
@@ -447,39 +449,40 @@ class Proxy:
         label = (
             served if served is not None else (requested if self.table.serves(requested) else "")
         )
-        metrics.REQUESTS.labels(label, str(status)).inc()
-        metrics.API_REQUESTS.labels(ticket.api or "", str(status)).inc()
+        metrics.requests(label, status).inc()
+        metrics.api_requests(ticket.api or "", status).inc()
         if call is not None:
-            metrics.DURATION.labels(served).observe(latency)
+            of_model = metrics.of_model(served)
+            of_model.duration.observe(latency)
             if ttft is not None:
-                metrics.TTFT.labels(served).observe(ttft)
+                of_model.ttft.observe(ttft)
             if prompt:
-                metrics.TOKENS.labels(served, "prompt").inc(prompt)
+                of_model.prompt_tokens.inc(prompt)
             if completion:
-                metrics.TOKENS.labels(served, "completion").inc(completion)
+                of_model.completion_tokens.inc(completion)
             metrics.OVERHEAD.observe(call.overhead)
         ep = call.endpoint if call is not None else None
         who = ticket.who
         self.usage.record(
-            (
+            UsageRow(
                 time.time(),
                 ticket.rid,
                 ticket.key_id,
                 requested,
-                served if ep else None,
-                ep.id if ep else None,
-                prompt,
-                completion,
-                status,
-                latency * 1000.0,
-                ttft * 1000.0 if ttft is not None else None,
-                who.user,
-                who.project,
-                who.team,
-                who.org,
-                cost,
-            ),
-            ticket.api,
+                served_model=served if ep else None,
+                endpoint=ep.id if ep else None,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                status=status,
+                latency_ms=latency * 1000.0,
+                ttft_ms=ttft * 1000.0 if ttft is not None else None,
+                user=who.user,
+                project=who.project,
+                team=who.team,
+                org=who.org,
+                cost=cost,
+                api=ticket.api,
+            )
         )
         if status == CLIENT_CLOSED:
             _log.info(
@@ -632,6 +635,22 @@ def saturated(model: str, rid: str) -> web.Response:
     )
 
 
+_ASK_USAGE = b'"stream_options":{"include_usage":true},'
+
+
+def ask_usage(body: bytes) -> bytes | None:
+    """A request body (a JSON object with members, and no `stream_options`) asking for
+    the stream's usage, spliced in as its first member; None if it does not start like
+    an object (the caller serialises the payload instead). Both mean the same object to
+    the engine: only a new member is added, and the object had none of that name."""
+    i = 0
+    while i < len(body) and body[i] in b" \t\r\n":
+        i += 1
+    if i >= len(body) or body[i] != 0x7B:
+        return None
+    return body[: i + 1] + _ASK_USAGE + body[i + 1 :]
+
+
 def priced(prices) -> bool:
     """A model a cost budget can count: it has a price for its prompt or its answer."""
     return prices is not None and (prices[0] > 0 or prices[1] > 0)
@@ -661,8 +680,8 @@ def request_id(request: web.Request) -> str:
 
 def count(resp: web.Response, model: str, api: str) -> web.Response:
     """Count a request answered before it reached an engine."""
-    metrics.REQUESTS.labels(model, str(resp.status)).inc()
-    metrics.API_REQUESTS.labels(api, str(resp.status)).inc()
+    metrics.requests(model, resp.status).inc()
+    metrics.api_requests(api, resp.status).inc()
     return resp
 
 

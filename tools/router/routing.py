@@ -14,7 +14,7 @@ class Endpoint:
     id: str
     url: str  # the engine's root, e.g. http://127.0.0.1:8011
     models: tuple[str, ...]
-    key: str = ""
+    key: str = field(default="", repr=False)  # the engine's secret: never in a repr or a log
     outstanding: int = 0
     cooldown_until: float = 0.0
     last_used: float = 0.0  # time.monotonic() when its last request ended; 0: never

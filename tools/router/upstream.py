@@ -30,7 +30,7 @@ class UpstreamError(Exception):
 class Origin:
     """Where an endpoint lives, and the request head bytes that never change for it."""
 
-    __slots__ = ("host", "port", "ssl", "host_header", "idle")
+    __slots__ = ("host", "port", "ssl", "host_header", "idle", "retired")
 
     def __init__(self, url: str):
         parts = urlsplit(url)
@@ -41,6 +41,7 @@ class Origin:
         self.port = parts.port or (443 if self.ssl else 80)
         self.host_header = parts.netloc.encode()
         self.idle: collections.deque[Connection] = collections.deque()
+        self.retired = False  # it left the routing table: connections close when done
 
 
 # Bytes of body waiting for the caller before we stop reading from the engine.
@@ -260,7 +261,7 @@ class Response:
         self._released = True
         self._timer.cancel()
         conn = self.conn
-        if conn.reusable():
+        if conn.reusable() and not conn.origin.retired:
             conn._reset()
             conn.origin.idle.append(conn)
         else:
@@ -281,6 +282,18 @@ class Pool:
         if origin is None:
             origin = self._origins[url] = Origin(url)
         return origin
+
+    def retain(self, urls) -> None:
+        """Forget every origin not in `urls` (the endpoints of a new routing table) and
+        close its idle connections; one still answering closes when its response ends.
+        Without this, every replica that ever served kept an entry, and its kept-alive
+        connections, for the router's life."""
+        keep = set(urls)
+        for url in [u for u in self._origins if u not in keep]:
+            origin = self._origins.pop(url)
+            origin.retired = True
+            while origin.idle:
+                origin.idle.pop().close()
 
     async def _connect(self, origin: Origin) -> Connection:
         loop = asyncio.get_running_loop()

@@ -17,6 +17,7 @@ new rows dropped, counted and logged. `stop()` writes what is left.
 import collections
 import itertools
 import secrets
+from dataclasses import dataclass
 
 from llmgw import log
 from llmgw.store import Usage
@@ -30,6 +31,39 @@ FIELDS = (
     "prompt_tokens", "completion_tokens", "status", "latency_ms", "ttft_ms",
     "user", "project", "team", "org", "cost", "row_id", "api",
 )  # fmt: skip
+
+
+@dataclass(slots=True)
+class UsageRow:
+    """One request's usage, as the request path knows it; the writer adds its row_id.
+    (It was a positional 16-tuple: a field out of place went to the wrong column.)"""
+
+    at: float
+    request_id: str
+    key_id: str | None
+    model: str  # what was asked for
+    served_model: str | None = None  # what answered (None: no engine did)
+    endpoint: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    status: int = 0
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    user: str | None = None
+    project: str | None = None
+    team: str | None = None
+    org: str | None = None
+    cost: float | None = None
+    api: str | None = None  # the path it came by
+
+    def values(self, row_id: str) -> tuple:
+        """The row in FIELDS order: what the spool and the INSERT take."""
+        return (
+            self.at, self.request_id, self.key_id, self.model, self.served_model,
+            self.endpoint, self.prompt_tokens, self.completion_tokens, self.status,
+            self.latency_ms, self.ttft_ms, self.user, self.project, self.team, self.org,
+            self.cost, row_id, self.api,
+        )  # fmt: skip
 
 
 class UsageWriter:
@@ -67,10 +101,9 @@ class UsageWriter:
             "usage_write", self._tick, flush_s, db=db, logger=_log, on_stop=self._last_tick
         )
 
-    def record(self, row: tuple, api: str | None = None) -> None:
-        """Keep one row (a tuple in FIELDS order, without row_id and api). Called on the
-        event loop."""
-        row = (*row, f"{self._prefix}{next(self._seq):x}", api)
+    def record(self, usage: UsageRow) -> None:
+        """Keep one request's row. Called on the event loop."""
+        row = usage.values(f"{self._prefix}{next(self._seq):x}")
         sp = self.spool
         if sp is not None and sp.append(spoolmod.encode(row)):
             self._spooled += 1

@@ -40,7 +40,7 @@ class Replica:
     state: str  # a ShardState
     since: float
     endpoint: str = ""
-    key: str = ""
+    key: str = field(default="", repr=False)  # the engine's key: never in a repr or a log
     rss: int = 0
     reason: str = ""
     last_used: float = 0.0  # when a router last answered a request with it; 0: never

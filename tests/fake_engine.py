@@ -3,8 +3,14 @@
 Run it as `python tests/fake_engine.py --port N [--key K | --key-file PATH]`. It answers
 chat, completions, embeddings and reranking, streams SSE the way llama-server does, and can be told
 how to misbehave with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S,
-"first_delay_s": S, "n_slots": N, "extra_busy": N}` (`GET /slots` shows `n_slots` slots,
-64 unless told, busy with its own requests and `extra_busy` more):
+"first_delay_s": S, "n_slots": N, "extra_busy": N, "cache": "on"|"off"}` (`GET /slots` shows
+`n_slots` slots, 64 unless told, busy with its own requests and `extra_busy` more).
+
+With `cache` set, it counts a prompt's tokens as its characters / 4 and keeps the
+`n_slots` (at most 4) latest prompts the way llama-server keeps one per slot: "on" says
+the longest prefix shared with one of them as `usage.prompt_tokens_details.cached_tokens`
+and `timings.cache_n`, "off" says 0 (an engine that caches nothing). Unset, every prompt
+is 7 tokens and nothing is said about caching.
 
     ok      answer normally
     fail    answer 500 with an error body
@@ -25,6 +31,7 @@ path (as /v1/messages or /v1/responses: it serves neither) is answered 404 and l
 import argparse
 import asyncio
 import json
+import os
 import time
 
 from aiohttp import web
@@ -49,6 +56,8 @@ class Engine:
         # own requests and `extra_busy` more (as if another router's).
         self.n_slots = 64
         self.extra_busy = 0
+        self.cache = None  # None: say nothing about caching; "on" or "off"
+        self.prompts: list[str] = []  # the latest prompts, as slots keep them
         self.released = asyncio.Event()
         self.requests = 0
         self.cancelled = 0
@@ -82,7 +91,7 @@ class Engine:
     async def control(self, request):
         body = await request.json()
         for field in ("mode", "chunks", "delay_s", "first_delay_s", "drop_after", "n_slots",
-                      "extra_busy"):  # fmt: skip
+                      "extra_busy", "cache"):  # fmt: skip
             if field in body:
                 setattr(self, field, body[field])
         if body.get("release"):
@@ -100,6 +109,7 @@ class Engine:
                 "last_headers": self.last_headers,
                 "last_body": self.last_body,
                 "unknown_paths": self.unknown_paths,
+                "prompts": len(self.prompts),
             }
         )
 
@@ -111,6 +121,29 @@ class Engine:
         busy = self.active + self.extra_busy
         return web.json_response([{"id": i, "is_processing": i < busy}
                                   for i in range(self.n_slots)])  # fmt: skip
+
+    def _usage(self, body: dict) -> dict:
+        """Usage (and llama-server's timings) for a request, with its prompt cache."""
+        if self.cache is None:
+            return {"usage": {"prompt_tokens": 7, "completion_tokens": self.chunks,
+                              "total_tokens": 7 + self.chunks}}  # fmt: skip
+        if isinstance(body.get("messages"), list):
+            text = "".join(f"<{m.get('role')}>{m.get('content')}" for m in body["messages"])
+        else:
+            text = str(body.get("prompt", ""))
+        best = max((len(os.path.commonprefix([old, text])) for old in self.prompts), default=0)
+        self.prompts = [*self.prompts, text][-min(4, self.n_slots) :]
+        prompt = max(1, len(text) // 4)
+        cached = min(best // 4, prompt - 1) if self.cache == "on" else 0
+        return {
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": self.chunks,
+                "total_tokens": prompt + self.chunks,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+            "timings": {"cache_n": cached, "prompt_n": prompt - cached},
+        }
 
     def _check(self, request):
         if self.key and request.headers.get("Authorization") != f"Bearer {self.key}":
@@ -185,6 +218,7 @@ class Engine:
             if body.get("stream"):
                 return await self._stream(request, body, chat)
             await asyncio.sleep(self.first_delay_s)
+            usage = self._usage(body)
             text = "".join(WORDS[i % len(WORDS)] for i in range(self.chunks))
             choice = (
                 {
@@ -202,11 +236,7 @@ class Engine:
                     "created": int(time.time()),
                     "model": self.model,
                     "choices": [choice],
-                    "usage": {
-                        "prompt_tokens": 7,
-                        "completion_tokens": self.chunks,
-                        "total_tokens": 7 + self.chunks,
-                    },
+                    **usage,
                 }
             )
         except asyncio.CancelledError:
@@ -242,11 +272,7 @@ class Engine:
                 "object": obj,
                 "model": self.model,
                 "choices": [],
-                "usage": {
-                    "prompt_tokens": 7,
-                    "completion_tokens": self.chunks,
-                    "total_tokens": 7 + self.chunks,
-                },
+                **self._usage(body),
             }
             await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")

@@ -97,3 +97,32 @@ def test_the_engine_key_is_never_in_an_endpoints_repr_or_a_replicas():
     assert "engine-s3cret" not in repr(ep) and "engine-s3cret" not in str([ep])  # ...only
     replica = Replica("r1", "m", "n1", "default", "ready", 0.0, key="engine-s3cret")
     assert "engine-s3cret" not in repr(replica)
+
+
+def test_round_robin_takes_each_endpoint_in_turn_whatever_their_load():
+    t = RoutingTable([Endpoint(i, f"http://{i}", ("m",)) for i in "ab"], routing="round-robin")
+    t.endpoints()[0].outstanding = 5
+    assert [t.pick("m", now=0).id for _ in range(4)].count("a") == 2
+
+
+def test_prefix_routing_sends_a_conversation_back_where_its_prompt_went():
+    t = RoutingTable([Endpoint(i, f"http://{i}", ("m",)) for i in "ab"], routing="prefix")
+    system = {"role": "system", "content": "Be brief. " * 100}
+    first = {"model": "m", "messages": [system, {"role": "user", "content": "hi"}]}
+    k1 = t.key(first)
+    ep = t.pick("m", now=0, key=k1)
+    t.served(ep, k1, 300, 0)
+    later = {**first, "messages": [*first["messages"], {"role": "assistant", "content": "yo"}]}
+    for _ in range(3):
+        k = t.key(later)
+        assert t.pick("m", now=0, key=k) is ep
+        t.served(ep, k, 300, 250)
+
+
+def test_an_unknown_routing_is_refused_with_the_ones_there_are():
+    with pytest.raises(ValueError, match="least-outstanding, prefix, round-robin"):
+        RoutingTable([], routing="random")
+
+
+def test_least_outstanding_routing_computes_no_prefix_key():
+    assert RoutingTable([]).key({"model": "m", "prompt": "x"}) is None

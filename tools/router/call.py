@@ -15,6 +15,7 @@ from aiohttp import web
 from llmgw import log
 from llmgw_router import metrics
 from llmgw_router.errors import Untranslatable, api_error
+from llmgw_router.prefix import cached_tokens
 from llmgw_router.routing import Endpoint
 from llmgw_router.upstream import Response, UpstreamError
 
@@ -194,7 +195,7 @@ class Call:
         "proxy", "request", "route", "rid", "model", "stream", "client_usage", "headers",
         "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
         "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
-        "before_done", "_broke", "field", "translator", "translating",
+        "before_done", "_broke", "field", "translator", "translating", "affinity", "cached",
     )  # fmt: skip
 
     def __init__(self, proxy, request, route, rid, model, stream, client_usage, t0, headers):
@@ -229,6 +230,8 @@ class Call:
         # Another API's request sent to an engine that lacks its path, as chat (dialects.py).
         self.translating = False
         self.translator = None  # the request as chat, and chat's answers back (dialects.py)
+        self.affinity = None  # the prompt's prefix key, when routing by prefix (prefix.py)
+        self.cached = None  # prompt tokens the engine said it reused from its cache
 
     # -- the attempt loop ------------------------------------------------------------
 
@@ -245,13 +248,14 @@ class Call:
             while attempts > 0:
                 attempts -= 1
                 now = time.monotonic()
-                ep = table.pick(self.model, now, tried)
+                ep = table.pick(self.model, now, tried, self.affinity)
                 if ep is None:
                     break
                 tried.append(ep)
                 self.endpoint = ep
                 sent = self._translate(ep, body)
                 if isinstance(sent, web.Response):
+                    self._routed(ep)
                     return self._finish(sent)
                 line, sent = sent
                 ep.outstanding += 1
@@ -260,6 +264,7 @@ class Call:
                     upstream = await proxy.pool.request(proxy.pool.origin(ep.url), head, sent)
                 except UpstreamError as e:
                     ep.outstanding -= 1
+                    self._routed(ep)
                     last_reason = self._upstream_failed(ep, e, e.kind)
                     continue
                 try:
@@ -287,6 +292,8 @@ class Call:
                     continue
                 finally:
                     ep.outstanding -= 1
+                    self._routed(ep)
+                    self.cached = None
                     ep.last_used = time.monotonic()
                     upstream.release()
             await self._settle()
@@ -295,6 +302,12 @@ class Call:
             self._stop_keepalive()
             if self._keepalive_task is not None:
                 self._keepalive_task.cancel()
+
+    def _routed(self, ep: Endpoint) -> None:
+        """Tell the prefix index the attempt on `ep` ended, and what the engine cached."""
+        if self.affinity is not None:
+            out = self.proxy.table.served(ep, self.affinity, self.prompt_tokens, self.cached)
+            metrics.prefix_observed(self.model, out, self.prompt_tokens)
 
     def _translate(self, ep: Endpoint, body: bytes):
         """(request line, body) for this endpoint: as asked, or translated to chat for an
@@ -508,7 +521,7 @@ class Call:
                 except ValueError:
                     obj = None
                 if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
-                    self._set_usage(obj["usage"])
+                    self._set_usage(obj["usage"], obj)
                     if obj.get("choices"):
                         self.events += 1
                     if not self.client_usage:
@@ -529,13 +542,17 @@ class Call:
 
     def _take_usage(self, data: bytes) -> None:
         try:
-            usage = json.loads(data).get("usage")
+            answer = json.loads(data)
+            usage = answer.get("usage")
         except (ValueError, AttributeError):
             return
         if isinstance(usage, dict):
-            self._set_usage(usage)
+            self._set_usage(usage, answer)
 
-    def _set_usage(self, usage: dict) -> None:
+    def _set_usage(self, usage: dict, answer: dict | None = None) -> None:
+        cached = cached_tokens(answer if answer is not None else {"usage": usage})
+        if cached is not None:
+            self.cached = cached
         # OpenAI's names, or Anthropic's and the Responses API's.
         p = usage.get("prompt_tokens", usage.get("input_tokens"))
         c = usage.get("completion_tokens", usage.get("output_tokens"))

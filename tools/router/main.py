@@ -14,7 +14,8 @@ from llmgw.store import migrate, open_store, redact
 from llmgw_router.app import build
 from llmgw_router.feed import Feed
 from llmgw_router.metrics import USAGE_SPOOL_ERRORS
-from llmgw_router.routing import Endpoint, RoutingTable, parse_endpoint_flag
+from llmgw_router.prefix import PrefixIndex
+from llmgw_router.routing import ROUTINGS, Endpoint, RoutingTable, parse_endpoint_flag
 from llmgw_router.spool import Spool, SpoolLocked
 
 _log = log.get("llmgw.router")
@@ -82,7 +83,18 @@ def main(config_path, listen, endpoints):
                 action="rows kept in memory until written",
             )
 
-    table = RoutingTable(eps, cooldown_s=cfg.router.cooldown_s, fed=bool(cfg.router.schedulers))
+    rc = cfg.router
+    if rc.routing not in ROUTINGS:
+        raise click.ClickException(
+            f"router.routing = {rc.routing!r}: want one of {', '.join(ROUTINGS)}"
+        )
+    table = RoutingTable(
+        eps,
+        cooldown_s=rc.cooldown_s,
+        fed=bool(rc.schedulers),
+        routing=rc.routing,
+        prefix=PrefixIndex(alpha=rc.prefix_alpha, memory_bytes=rc.prefix_memory_mb << 20),
+    )
     feed = None
     if cfg.router.schedulers:
         try:

@@ -133,3 +133,46 @@ def api_requests(api: str, status: int):
     if child is None:
         child = _api_requests[(api, status)] = API_REQUESTS.labels(api, str(status))
     return child
+
+
+PREFIX_PREDICTED = Counter(
+    "llmgw_router_prefix_predicted_cached_tokens",
+    "Prompt tokens prefix routing expected the chosen engine to have cached, by model",
+    ["model"],
+)
+PREFIX_CACHED = Counter(
+    "llmgw_router_prefix_cached_tokens",
+    "Prompt tokens the engine said it reused from its cache (prefix routing), by model",
+    ["model"],
+)
+PREFIX_PROMPT = Counter(
+    "llmgw_router_prefix_prompt_tokens",
+    "Prompt tokens of requests routed by prefix whose engine said what it cached, by model",
+    ["model"],
+)
+PREFIX_DROPS = Counter(
+    "llmgw_router_prefix_chain_drops",
+    "Prefix chains forgotten for a replica because its engine cached far less than predicted",
+    ["model"],
+)
+PREFIX_HIT_RATIO = Gauge(
+    "llmgw_router_prefix_hit_ratio",
+    "Share of prompt tokens the engines reused from their caches since start, by model",
+    ["model"],
+)
+_prefix_sums: dict[str, list[int]] = {}
+
+
+def prefix_observed(model: str, outcome, prompt_tokens: int) -> None:
+    """One request routed by prefix ended; `outcome` is prefix.Outcome."""
+    if outcome.actual < 0 or prompt_tokens <= 0:
+        return  # the engine did not say what it cached: nothing to compare
+    PREFIX_PREDICTED.labels(model).inc(outcome.predicted)
+    PREFIX_CACHED.labels(model).inc(outcome.actual)
+    PREFIX_PROMPT.labels(model).inc(prompt_tokens)
+    if outcome.dropped:
+        PREFIX_DROPS.labels(model).inc()
+    sums = _prefix_sums.setdefault(model, [0, 0])
+    sums[0] += outcome.actual
+    sums[1] += prompt_tokens
+    PREFIX_HIT_RATIO.labels(model).set(sums[0] / sums[1])

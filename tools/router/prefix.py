@@ -151,8 +151,10 @@ class PrefixIndex:
         """How much the engine behind `replica` caches (llama.cpp: slots × ctx per
         slot; vLLM: KV blocks × block size), in tokens."""
         r = self._replica(replica)
-        r.capacity = self.blocks_for(cache_tokens, model)
-        self._trim(r)
+        cap = self.blocks_for(cache_tokens, model)
+        if cap != r.capacity:
+            r.capacity = cap
+            self._trim(r)
 
     def _replica(self, rid: str) -> _Replica:
         r = self._replicas.get(rid)

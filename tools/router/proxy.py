@@ -277,6 +277,8 @@ class Proxy:
         """Try the model, then each fallback, until one answers; the response."""
         names = self.candidates(ticket.model, key)
         band = policy.band if policy is not None else 0
+        # Where the prompt is cached (router.routing = "prefix"); None otherwise.
+        affinity = self.table.key(payload, request.headers.get("x-llmgw-session", ""))
         deadline = None
         err = None
         for i, name in enumerate(names):
@@ -314,6 +316,7 @@ class Proxy:
                 call = Call(self, request, route, ticket.rid, name, stream, client_usage,
                             ticket.t0, ticket.headers)  # fmt: skip
                 ticket.call = call
+                call.affinity = affinity
                 call.before_done = functools.partial(self._stream_done, ticket, call)
                 asked = self.served_name(name)  # an alias's engine knows its model's name
                 if asked != payload["model"]:

@@ -8,6 +8,11 @@ endpoints, and the scheduler's feed (feed.py) replaces it with each routing tabl
 import asyncio
 from dataclasses import dataclass, field
 
+from llmgw_router.prefix import Key, Outcome, PrefixIndex, request_key
+
+# router.routing: how a request's endpoint is chosen among a model's replicas.
+ROUTINGS = ("least-outstanding", "prefix", "round-robin")
+
 
 @dataclass(eq=False)
 class Endpoint:
@@ -41,11 +46,19 @@ def parse_endpoint_flag(text: str) -> Endpoint:
 
 
 class RoutingTable:
-    """Least outstanding requests among the endpoints of a model, skipping cooled ones."""
+    """Least outstanding requests among the endpoints of a model, skipping cooled ones;
+    or where the prompt is cached (`routing="prefix"`, prefix.py), or in turn."""
 
     def __init__(self, endpoints: list[Endpoint] = (), cooldown_s: float = 5.0,
-                 fed: bool = False):  # fmt: skip
+                 fed: bool = False, routing: str = "least-outstanding",
+                 prefix: PrefixIndex | None = None, slots_of=None):  # fmt: skip
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing {routing!r}: want one of {', '.join(ROUTINGS)}")
         self.cooldown_s = cooldown_s
+        self.routing = routing
+        self.prefix = (prefix or PrefixIndex()) if routing == "prefix" else None
+        # A replica's slots, for the load guard: the engine's word, else the config's.
+        self.slots_of = slots_of or (lambda ep: ep.signal.slots if ep.signal else 0)
         # Whether the table can answer for models: it has static endpoints, or no feed
         # is coming (`fed`: the schedulers will send it), or the feed's first table came.
         # Until then a model it does not list may well exist: never say it does not.
@@ -81,6 +94,8 @@ class RoutingTable:
             for model in ep.models:
                 by_model.setdefault(model, []).append(ep)
         self._by_id, self._by_model = by_id, by_model
+        if self.prefix is not None:
+            self.prefix.forget(by_id)
         self._known = dict(known or {})
         if known is not None and not self.has_table:  # the feed's first table
             self.has_table = True
@@ -154,16 +169,40 @@ class RoutingTable:
     def serves(self, model: str) -> bool:
         return model in self._by_model
 
-    def pick(self, model: str, now: float, exclude=()) -> Endpoint | None:
+    def key(self, payload: dict, session: str = "") -> Key | None:
+        """The request's prefix key when routing by prefix (else None: no work)."""
+        if self.prefix is None:
+            return None
+        return request_key(payload, session, self.prefix.block_chars)
+
+    def pick(self, model: str, now: float, exclude=(), key: Key | None = None) -> Endpoint | None:
         """The endpoint to try next, or None when every one is excluded or cooling down.
 
-        Ties go round-robin, so light traffic still spreads over every endpoint.
+        Ties go round-robin, so light traffic still spreads over every endpoint. With a
+        prefix `key`, the choice is the prefix index's; each pick with a key must be
+        followed by `served()` with it.
         """
         eps = self._by_model.get(model)
         if not eps:
             return None
         n = len(eps)
         self._turn += 1
+        if self.routing != "least-outstanding":
+            live = [
+                eps[(self._turn + i) % n]
+                for i in range(n)
+                if eps[(self._turn + i) % n].cooldown_until <= now
+                and eps[(self._turn + i) % n] not in exclude
+            ]
+            if not live:
+                return None
+            if key is None or self.prefix is None:
+                return live[0]  # round-robin (or prefix with no prompt: in turn)
+            for ep in live:
+                sig = ep.signal
+                if sig is not None and getattr(sig, "ctx", 0):
+                    self.prefix.size(ep.id, sig.ctx, model)
+            return self.prefix.choose(live, key, self.slots_of)
         best = None
         for i in range(n):
             ep = eps[(self._turn + i) % n]
@@ -172,6 +211,10 @@ class RoutingTable:
             if best is None or ep.outstanding < best.outstanding:
                 best = ep
         return best
+
+    def served(self, ep: Endpoint, key: Key, prompt_tokens: int, cached: int | None) -> Outcome:
+        """The request picked with `key` ended: what the index predicted and learned."""
+        return self.prefix.served(ep.id, key, prompt_tokens, cached)
 
     def retry_after(self, model: str, now: float) -> float:
         """Seconds until the first endpoint of `model` comes out of cooldown."""

@@ -117,6 +117,7 @@ def test_a_gang_on_a_draining_node_is_replaced_whole_before_it_stops(fleet):
     assert fleet.sent("stop_shard") == []  # the new one is not serving yet
     fleet.shard(node, new, "ready")
     fleet.tick()
+    # The old gang stops, whole; the new one is not taken for a surplus of the autoscaler.
     assert {b["id"] for _, b in fleet.sent("stop_shard")} == {rid, *(b["id"] for _, b in starts)}
 
 

@@ -291,10 +291,11 @@ class Installer:
                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF",
                    "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_RPC=ON"],
                   log_file, "configure", engine_id)  # fmt: skip
+        # llama.cpp's target is ggml-rpc-server; installed, as its docs call it, rpc-server.
         self._run(["cmake", "--build", str(work / "build"), "--target", "llama-server",
-                   "rpc-server", f"-j{os.cpu_count() or 1}"],
+                   "ggml-rpc-server", f"-j{os.cpu_count() or 1}"],
                   log_file, "build", engine_id)  # fmt: skip
-        self._place(work / "build" / "bin" / "rpc-server", target.with_name("rpc-server"))
+        self._place(work / "build" / "bin" / "ggml-rpc-server", target.with_name("rpc-server"))
         self._place(work / "build" / "bin" / "llama-server", target)
         shutil.rmtree(work, ignore_errors=True)
 

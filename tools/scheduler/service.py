@@ -346,6 +346,12 @@ class Scheduler:
         for r in self.inv.replicas.values():
             if r.state in _COUNTED and r.node not in drained and r.node not in lost:
                 out.setdefault(r.model, []).append(r)
+        # A replica across nodes counts only if none of its nodes is lost or draining: a
+        # gang being replaced for a drain counted twice, and the autoscaler gave back
+        # the new one as a surplus the moment it was ready.
+        models = self.catalog.models
+        for name in [n for n in out if n in models and models[n].split]:
+            out[name] = self.gangs.leaders(name, lost | set(drained))
         return out
 
     def _expire_pending(self, now: float) -> None:

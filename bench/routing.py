@@ -312,8 +312,9 @@ def main() -> None:
         f"conversations × {args.turns} turns sharing a system prompt per group, closed loop "
         f"at concurrency {CONCURRENCY}, `max_tokens` {MAX_TOKENS}, "
         f"seed {SEED}, streamed. Each policy starts with fresh engines (cold caches). The "
-        "machine's two cores were shared with other work, so times are noisy; token counts"
-        " are not.",
+        "machine's two cores were shared with other work, so times are noisy, and token"
+        " counts vary between runs too: what each engine's cache holds depends on how"
+        " requests interleave.",
         "",
         HEAD,
         *(row(m) for m in measured.values()),

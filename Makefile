@@ -54,6 +54,7 @@ bench: install
 	$(BIN)/python bench/onboard.py
 	$(BIN)/python bench/gangs.py
 	$(BIN)/python bench/split.py
+	$(BIN)/python bench/routing.py
 	$(if $(LLMGW_TEST_POSTGRES),$(BIN)/python bench/failover.py,@echo "bench/failover.py skipped: set LLMGW_TEST_POSTGRES")
 
 # The wheel and sdist of llmgw.__version__ into dist/, with release notes from

@@ -1,0 +1,333 @@
+"""Routing benchmark: round-robin, least-outstanding and prefix-aware routing in front
+of two real llama-server replicas of the demo model.
+
+    .venv/bin/python bench/routing.py [--turns 4] [--cache-ram MIB]    # or: make bench
+
+Each replica is pinned to one core (taskset, `-t 1`) with `-np 2`, started afresh for
+every policy so each starts with a cold cache. The load: 4 groups of 8 conversations,
+each group sharing one system prompt of ~1,000-1,500 tokens, each conversation a few
+turns with the model's replies appended; closed loop at concurrency 4 (each worker runs
+one conversation's turns in order, then takes the next), seeded, `max_tokens` 32,
+streamed so time to first token is measured. Reported per policy: prompt tokens the
+engines evaluated (Σ `timings.prompt_n`, cross-checked with their
+`llamacpp:prompt_tokens_total`), TTFT p50/p95, requests/s. Controls: unique prompts
+(nothing to share: prefix must cost nothing) and one hot group (every conversation
+shares one prompt: the load guard must keep both replicas busy).
+Writes bench/ROUTING.md.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aiohttp
+from targets import VENV_BIN, WORK, clean_env, free_port, spawn, stop, wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.e2e.test_llama_server import engine_binary, model_file  # noqa: E402
+
+MODEL = "gemma3-270m"
+POLICIES = ("round-robin", "least-outstanding", "prefix")
+GROUPS, PER_GROUP, CONCURRENCY, MAX_TOKENS, SEED = 4, 8, 4, 32, 7
+TOPICS = ["tides", "glaciers", "volcanoes", "deserts", "rivers", "forests", "caves"]
+WORK_DIR = WORK / "routing"
+
+
+def system_prompt(group: int, rng: random.Random, rules: int = 62) -> str:
+    """~1,000-1,500 tokens of rules, different for every group from the first words."""
+    lines = [f"You are the assistant of team {group}, code name {secrets.token_hex(4)}."]
+    for i in range(rules):
+        topic = rng.choice(TOPICS)
+        lines.append(f"Rule {i} of team {group}: when asked about {topic}, answer with care.")
+    return "\n".join(lines)
+
+
+def conversations(turns: int, groups: int = GROUPS, per_group: int = PER_GROUP,
+                  hot: bool = False, unique: bool = False) -> list[dict]:  # fmt: skip
+    rng = random.Random(SEED)
+    systems = [system_prompt(g, rng) for g in range(groups)]
+    out = []
+    for g in range(groups):
+        for c in range(per_group):
+            if unique:
+                system = system_prompt(100 + g * per_group + c, rng, rules=30)
+            else:
+                system = systems[0 if hot else g]
+            questions = [
+                f"Conversation {g}.{c}, question {t}: tell me one fact about {rng.choice(TOPICS)}."
+                for t in range(turns)
+            ]
+            out.append({"system": system, "questions": questions})
+    rng.shuffle(out)
+    return out
+
+
+class Replica:
+    def __init__(self, n: int, cpu: int, key_file: Path, cache_ram: int | None):
+        self.n, self.cpu, self.key_file, self.cache_ram = n, cpu, key_file, cache_ram
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = WORK_DIR / f"llama-{n}.log"
+        self.proc = None
+
+    def start(self) -> None:
+        cmd = [
+            engine_binary(), "-m", str(model_file()), "--host", "127.0.0.1",
+            "--port", str(self.port), "--api-key-file", str(self.key_file),
+            "-c", "8192", "-np", "2", "-t", "1", "-tb", "1", "--metrics",
+            "--no-jinja", "--chat-template", "gemma", "--alias", MODEL,
+        ]  # fmt: skip
+        if self.cache_ram is not None:
+            cmd += ["--cache-ram", str(self.cache_ram)]
+        self.proc = spawn(cmd, self.log, self.cpu, env=clean_env())
+        wait_ready(self.url + "/health", self.proc, self.log, 120, f"llama-server {self.n}")
+
+    def prompt_tokens_total(self, key: str) -> int:
+        import urllib.request
+
+        req = urllib.request.Request(self.url + "/metrics",
+                                     headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        text = urllib.request.urlopen(req, timeout=10).read().decode()
+        m = re.search(r"^llamacpp:prompt_tokens_total\s+(\S+)$", text, re.M)
+        return int(float(m.group(1))) if m else -1
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+def start_router(policy: str, replicas: list[Replica], key_file: Path):
+    work = WORK_DIR / f"router-{policy}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    port = free_port()
+    eps = "".join(
+        f'[[router.endpoints]]\nid = "r{r.n}"\nurl = "{r.url}"\nmodels = ["{MODEL}"]\n'
+        f'key = "@{key_file}"\n'
+        for r in replicas
+    )
+    config = work / "llmgw.toml"
+    config.write_text(
+        f'[log]\nlevel = "warning"\n[paths]\nstate_dir = "."\n[router]\n'
+        f'listen = "127.0.0.1:{port}"\nrouting = "{policy}"\n'
+        f"upstream_timeout_s = 300.0\n{eps}"
+    )
+    env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{work / 'bench.db'}")
+    out = subprocess.run(
+        [str(VENV_BIN / "llmgw"), "keys", "create", "--name", "bench", "--json", "--store"],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    api_key = json.loads(out.stdout)["secret"]
+    log = work / "router.log"
+    proc = spawn([str(VENV_BIN / "llmgw-router"), "--config", str(config)], log, None, env=env)
+    wait_ready(f"http://127.0.0.1:{port}/ready", proc, log, 30, "llmgw-router")
+    return proc, f"http://127.0.0.1:{port}", api_key
+
+
+async def one_turn(session, url, key, messages) -> dict:
+    body = {"model": MODEL, "messages": messages, "max_tokens": MAX_TOKENS, "seed": SEED,
+            "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    t0 = time.perf_counter()
+    ttft, text, timings, usage, buf = None, [], {}, {}, b""
+    async with session.post(url + "/v1/chat/completions", json=body,
+                            headers={"Authorization": f"Bearer {key}"}) as r:  # fmt: skip
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
+        async for chunk in r.content.iter_any():
+            buf += chunk
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                if not event.startswith(b"data: {"):
+                    continue
+                obj = json.loads(event[6:])
+                for choice in obj.get("choices") or ():
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                        text.append(piece)
+                timings = obj.get("timings") or timings
+                usage = obj.get("usage") or usage
+    return {"ttft": ttft if ttft is not None else time.perf_counter() - t0,
+            "reply": "".join(text), "timings": timings, "usage": usage}  # fmt: skip
+
+
+async def drive(url: str, key: str, convs: list[dict]) -> tuple[list[dict], float]:
+    queue = list(convs)
+    results: list[dict] = []
+
+    async def worker(session):
+        while queue:
+            conv = queue.pop(0)
+            messages = [{"role": "system", "content": conv["system"]}]
+            for q in conv["questions"]:
+                messages = [*messages, {"role": "user", "content": q}]
+                res = await one_turn(session, url, key, messages)
+                results.append(res)
+                messages = [*messages, {"role": "assistant", "content": res["reply"]}]
+
+    t0 = time.perf_counter()
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(*(worker(session) for _ in range(CONCURRENCY)))
+    return results, time.perf_counter() - t0
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
+               cache_ram: int | None) -> dict:  # fmt: skip
+    replicas = [Replica(n, n % (os.cpu_count() or 1), key_file, cache_ram) for n in range(2)]
+    router = None
+    try:
+        for r in replicas:
+            r.start()
+        router, url, api_key = start_router(policy, replicas, key_file)
+        results, wall = asyncio.run(drive(url, api_key, convs))
+        scraped = sum(r.prompt_tokens_total(engine_key) for r in replicas)
+        per_replica = []
+        for r in replicas:
+            per_replica.append(r.prompt_tokens_total(engine_key))
+    finally:
+        stop(router)
+        for r in replicas:
+            r.stop()
+    ttfts = [x["ttft"] for x in results]
+    prompt_n = sum(int(x["timings"].get("prompt_n", 0)) for x in results)
+    prompt = sum(int(x["usage"].get("prompt_tokens", 0)) for x in results)
+    return {
+        "policy": policy,
+        "requests": len(results),
+        "prompt_n": prompt_n,
+        "scraped": scraped,
+        "per_replica": per_replica,
+        "prompt_tokens": prompt,
+        "ttft_p50": statistics.median(ttfts),
+        "ttft_p95": pct(ttfts, 0.95),
+        "rps": len(results) / wall,
+        "wall_s": wall,
+    }
+
+
+def row(m: dict) -> str:
+    return (
+        f"| {m['policy']} | {m['requests']} | {m['prompt_n']:,} | {m['scraped']:,} "
+        f"| {' / '.join(f'{x:,}' for x in m['per_replica'])} | {m['prompt_tokens']:,} "
+        f"| {m['ttft_p50'] * 1000:.0f} | {m['ttft_p95'] * 1000:.0f} | {m['rps']:.2f} |"
+    )
+
+
+HEAD = (
+    "| policy | requests | prompt tokens evaluated (Σ timings.prompt_n) "
+    "| llamacpp:prompt_tokens_total | per replica | prompt tokens sent | TTFT p50 ms "
+    "| TTFT p95 ms | req/s |\n|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--cache-ram", type=int, default=None,
+                        help="llama-server --cache-ram MiB (default: its own)")  # fmt: skip
+    parser.add_argument("--groups", type=int, default=GROUPS)
+    parser.add_argument("--per-group", type=int, default=PER_GROUP)
+    parser.add_argument("--no-controls", action="store_true")
+    parser.add_argument("--out", default="ROUTING.md", help="the report, in bench/")
+    args = parser.parse_args()
+    shutil.rmtree(WORK_DIR, ignore_errors=True)
+    WORK_DIR.mkdir(parents=True)
+    engine_key = secrets.token_urlsafe(24)
+    key_file = WORK_DIR / "engine.key"
+    key_file.write_text(engine_key + "\n")
+    t_start = time.time()
+
+    main_convs = conversations(args.turns, args.groups, args.per_group)
+    measured = {}
+    for policy in POLICIES:
+        m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram)
+        measured[policy] = m
+        print(row(m), flush=True)
+    controls = []
+    if not args.no_controls:
+        unique = conversations(1, groups=1, per_group=12, unique=True)
+        for policy in ("least-outstanding", "prefix"):
+            m = run_policy(policy, unique, key_file, engine_key, args.cache_ram)
+            m["policy"] = f"unique prompts, {policy}"
+            controls.append(m)
+            print(row(m), flush=True)
+        hot = conversations(args.turns, groups=1, per_group=8, hot=True)
+        m = run_policy("prefix", hot, key_file, engine_key, args.cache_ram)
+        m["policy"] = "one hot group, prefix"
+        controls.append(m)
+        print(row(m), flush=True)
+
+    rr, lo, px = measured["round-robin"], measured["least-outstanding"], measured["prefix"]
+    ratio = px["prompt_n"] / rr["prompt_n"] if rr["prompt_n"] else float("nan")
+    gates = [
+        (f"prefix evaluates ≤ 0.6× round-robin's prompt tokens: {ratio:.2f}×", ratio <= 0.6),
+        (
+            f"prefix TTFT p50 better than least-outstanding: {px['ttft_p50'] * 1000:.0f} ms vs "
+            f"{lo['ttft_p50'] * 1000:.0f} ms",
+            px["ttft_p50"] < lo["ttft_p50"],
+        ),  # fmt: skip
+        (
+            f"prefix TTFT p95 within +10% of least-outstanding: {px['ttft_p95'] * 1000:.0f} ms vs "
+            f"{lo['ttft_p95'] * 1000:.0f} ms",
+            px["ttft_p95"] <= 1.10 * lo["ttft_p95"],
+        ),  # fmt: skip
+    ]
+    if controls:
+        ul, up = controls[0], controls[1]
+        slower = up["ttft_p50"] / ul["ttft_p50"] - 1
+        gates.append((f"unique prompts: prefix TTFT p50 {slower:+.0%} against least-outstanding"
+                      " (no regression over 5%)", slower <= 0.05))  # fmt: skip
+        hot_m = controls[2]
+        share = min(hot_m["per_replica"]) / max(1, max(hot_m["per_replica"]))
+        gates.append((f"one hot group: the less used replica evaluated {share:.0%} as many "
+                      "prompt tokens as the other (both busy)", share > 0))  # fmt: skip
+
+    ram = "the engine's default (8 GiB)" if args.cache_ram is None else f"{args.cache_ram} MiB"
+    took = time.time() - t_start
+    lines = [
+        "# Routing: round-robin, least-outstanding and prefix-aware",
+        "",
+        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `bench/routing.py` in {took:.0f} s. "
+        f"Two llama-server replicas of {MODEL} (Q4_K_M), each pinned to one core, `-t 1 -np 2 "
+        f"-c 8192`, `--cache-ram` {ram}; {args.groups} groups × {args.per_group} "
+        f"conversations × {args.turns} turns sharing a system prompt per group, closed loop "
+        f"at concurrency {CONCURRENCY}, `max_tokens` {MAX_TOKENS}, "
+        f"seed {SEED}, streamed. Each policy starts with fresh engines (cold caches). The "
+        "machine's two cores were shared with other work, so times are noisy, and token"
+        " counts vary between runs too: what each engine's cache holds depends on how"
+        " requests interleave.",
+        "",
+        HEAD,
+        *(row(m) for m in measured.values()),
+        *(row(m) for m in controls),
+        "",
+        "## Gates",
+        "",
+        *(f"- {'holds' if ok else 'FAILS'}: {text}" for text, ok in gates),
+        "",
+    ]
+    (Path(__file__).parent / args.out).write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

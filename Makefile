@@ -52,6 +52,8 @@ bench: install
 	$(BIN)/python bench/cold_start.py
 	$(BIN)/python bench/mirror.py
 	$(BIN)/python bench/onboard.py
+	$(BIN)/python bench/gangs.py
+	$(BIN)/python bench/split.py
 	$(BIN)/python bench/routing.py
 	$(if $(LLMGW_TEST_POSTGRES),$(BIN)/python bench/failover.py,@echo "bench/failover.py skipped: set LLMGW_TEST_POSTGRES")
 

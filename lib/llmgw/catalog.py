@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from llmgw.config import ModelConfig
 from llmgw.errors import ConfigError
+from llmgw.gangs import AUTO, MAX_NODES
 from llmgw.scaling import Settings
 
 # Engines llmgw knows how to install; agents may add their own commands ([[agent.engines]]).
@@ -44,6 +45,13 @@ class Model:
     down_below: float = 0.3
     down_after_s: float = 300.0
     cooldown_s: float = 120.0
+    # Nodes one replica spans (lib/llmgw/gangs.py): 1, 2-64, or gangs.AUTO (0) for "auto".
+    nodes: int = 1
+
+    @property
+    def split(self) -> bool:
+        """A replica of it may span several nodes (profile.nodes is not 1)."""
+        return self.nodes != 1
 
     def scaling(self) -> Settings:
         return Settings(self.min, self.max, self.target_queue_wait_s, self.up_after_s,
@@ -65,6 +73,8 @@ class Model:
             self.gpus,
             list(self.args),
         ]
+        if self.nodes != 1:  # only then: the hash of every one-node profile stays as it was
+            key.append(["nodes", self.nodes])
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
@@ -74,6 +84,7 @@ class Model:
             "context": self.context, "parallel": self.parallel, "gpus": self.gpus,
             "args": list(self.args), "memory_bytes": self.memory_bytes,
             "min": self.min, "max": self.max,
+            "nodes": "auto" if self.nodes == AUTO else self.nodes,
             "fallbacks": list(self.fallbacks),
             "pricing": {"input_per_mtok": self.input_per_mtok,
                         "output_per_mtok": self.output_per_mtok},
@@ -83,6 +94,29 @@ class Model:
         """What a request cost at this model's prices."""
         return (prompt_tokens * self.input_per_mtok
                 + completion_tokens * self.output_per_mtok) / 1e6  # fmt: skip
+
+
+def _nodes(m: ModelConfig, bad) -> int:
+    """profile.nodes checked: 1, 2-64 or "auto" (AUTO); only what can run across nodes
+    today may ask for it."""
+    value = m.profile.nodes
+    if value == "auto":
+        nodes = AUTO
+    elif isinstance(value, int) and 1 <= value <= MAX_NODES:
+        nodes = value
+    else:
+        raise bad("profile.nodes", f'must be 1-{MAX_NODES} or "auto", not {value!r}')
+    if nodes == 1:
+        return nodes
+    if m.engine == "vllm":
+        raise bad("profile.nodes", "must be 1 for vllm: a vLLM replica across nodes is not"
+                  " wired yet (docs/multinode.md)")  # fmt: skip
+    if m.engine != "llama.cpp":
+        raise bad("profile.nodes", f"must be 1 for engine {m.engine!r}: only llama.cpp spans nodes")
+    if m.profile.gpus:
+        raise bad("profile.nodes", "must be 1 with profile.gpus: a llama.cpp replica across"
+                  " nodes runs on CPUs only for now")  # fmt: skip
+    return nodes
 
 
 def source_kind(source: str) -> str:
@@ -149,6 +183,22 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("profile.gpus", "must not be negative")
         if m.engine == "vllm" and p.gpus == 0:
             raise bad("profile.gpus", "must be at least 1 for the vllm engine")
+        nodes = _nodes(m, bad)
+        for key in ("tensor_parallel", "pipeline_parallel"):
+            value = getattr(p, key)
+            if value < 0:
+                raise bad(f"profile.{key}", "must not be negative")
+            if value and m.engine != "vllm":
+                raise bad(f"profile.{key}", "applies to the vllm engine only")
+        if p.tensor_parallel > max(p.gpus, 1):
+            raise bad(
+                "profile.tensor_parallel",
+                f"must be at most profile.gpus ({p.gpus}), the GPUs of each node",
+            )
+        if p.pipeline_parallel > 1:
+            raise bad("profile.pipeline_parallel",
+                      "must be 0 or 1: a vLLM replica across nodes is not wired yet"
+                      " (docs/multinode.md)")  # fmt: skip
         s = m.scaling
         if s.keep_alive_s < 0:
             raise bad("scaling.keep_alive_s", "must not be negative")
@@ -171,6 +221,7 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             output_per_mtok=price.output_per_mtok,
             target_queue_wait_s=s.target_queue_wait_s, up_after_s=s.up_after_s,
             down_below=s.down_below, down_after_s=s.down_after_s, cooldown_s=s.cooldown_s,
+            nodes=nodes,
         ))  # fmt: skip
     for model in out:
         for fb in model.fallbacks:

@@ -213,6 +213,12 @@ class ProfileConfig:
     args: list[str] = field(default_factory=list)
     # Memory one replica needs, when the GGUF estimate is unavailable or wrong (0: estimate).
     memory_bytes: int = 0
+    # Nodes one replica spans (llama.cpp's RPC backend, docs/multinode.md): 1, 2-64, or
+    # "auto" (split only when the model fits on no single node).
+    nodes: int | str = 1
+    # vLLM across nodes: GPUs per node (tensor) × nodes (pipeline); 0: not set.
+    tensor_parallel: int = 0
+    pipeline_parallel: int = 0
 
 
 @dataclass

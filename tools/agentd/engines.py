@@ -24,6 +24,7 @@ from pathlib import Path
 from llmgw import log
 from llmgw.config import AgentConfig, EngineConfig
 from llmgw_agentd.errors import EngineError
+from llmgw_agentd.workers import leader_args
 
 _log = log.get("llmgw.agentd.engines")
 
@@ -52,6 +53,9 @@ class Launch:
     args: tuple[str, ...] = ()
     # The model's name in the catalog: engines answer with it as `model`, not the path.
     served_name: str = ""
+    # A replica across nodes: its workers' HOST:PORT and each one's part (workers.py).
+    rpc: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
 
 
 def llama_command(binary: Path, launch: Launch) -> list[str]:
@@ -60,7 +64,9 @@ def llama_command(binary: Path, launch: Launch) -> list[str]:
         str(binary), "-m", launch.model_path, "--host", launch.host,
         "--port", str(launch.port), "--api-key-file", launch.key_file,
         "-c", str(launch.context * launch.parallel), "-np", str(launch.parallel),
-        "--metrics", *_named("--alias", launch), *launch.args,
+        "--metrics", *_named("--alias", launch),
+        *(leader_args(list(launch.rpc), list(launch.tensor_split)) if launch.rpc else ()),
+        *launch.args,
     ]  # fmt: skip
 
 
@@ -256,6 +262,9 @@ class Installer:
         cached = self.cache / engine_id / "bin" / "llama-server"
         if cached.exists():
             _log.info("install_from_cache", engine=engine_id, source=cached)
+            rpc = cached.with_name("rpc-server")
+            if rpc.exists():  # before llama-server: its presence means installed
+                self._place(rpc, target.with_name("rpc-server"))
             self._place(cached, target)
             return
         work = self.root / "build" / engine_id
@@ -280,12 +289,33 @@ class Installer:
                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON",
                    "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF",
-                   "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF"],
+                   "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_RPC=ON"],
                   log_file, "configure", engine_id)  # fmt: skip
+        # llama.cpp's target is ggml-rpc-server; installed, as its docs call it, rpc-server.
         self._run(["cmake", "--build", str(work / "build"), "--target", "llama-server",
-                   f"-j{os.cpu_count() or 1}"], log_file, "build", engine_id)  # fmt: skip
+                   "ggml-rpc-server", f"-j{os.cpu_count() or 1}"],
+                  log_file, "build", engine_id)  # fmt: skip
+        self._place(work / "build" / "bin" / "ggml-rpc-server", target.with_name("rpc-server"))
         self._place(work / "build" / "bin" / "llama-server", target)
         shutil.rmtree(work, ignore_errors=True)
+
+    def rpc_server(self, name: str, version: str) -> Path:
+        """llama.cpp's rpc-server for a worker shard, placed from the build cache if this
+        node's install predates it; EngineError if there is none to be had."""
+        if name != LLAMA:
+            raise EngineError(f"engine {name}-{version} cannot run a shard across nodes")
+        self.ensure(name, version)
+        target = self._dir(name, version) / "bin" / "rpc-server"
+        if not target.exists():
+            cached = self.cache / f"{name}-{version}" / "bin" / "rpc-server"
+            if not cached.exists():
+                raise EngineError(
+                    f"{name}-{version} on this node has no rpc-server: build it with"
+                    " scripts/build-llama-server (GGML_RPC) into the engine cache"
+                )
+            with self._lock:
+                self._place(cached, target)
+        return target
 
     @staticmethod
     def _place(source: Path, target: Path) -> None:

@@ -28,7 +28,7 @@ import requests
 from llmgw import bus, log
 from llmgw.config import AgentConfig
 from llmgw.states import ShardState
-from llmgw_agentd import process
+from llmgw_agentd import process, workers
 from llmgw_agentd.engines import Installer, Launch, tail_lines
 from llmgw_agentd.errors import AgentError
 from llmgw_agentd.weights import Weights, entry_keys
@@ -51,6 +51,8 @@ PROBE_EVERY_S = 0.2
 LOG_MAX_BYTES = 10 * 1024 * 1024
 LOG_KEEP_BYTES = 1024 * 1024
 MONITOR_EVERY_S = 0.5
+# A worker's "health": it has no HTTP, so readiness is its port accepting connections.
+WORKER_HEALTH = "tcp"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -75,12 +77,14 @@ class Shard:
     lines: deque = field(default_factory=deque, repr=False)
     log_offset: int = 0
     weights: list = field(default_factory=list)  # cache entries it uses (never evicted)
+    role: str = ""  # "rpc-worker": a part of a replica across nodes (workers.py)
 
     def to_json(self) -> dict:
         return {
             "id": self.id, "model": self.model, "profile": self.profile, "state": self.state,
             "endpoint": self.endpoint, "port": self.port, "pid": self.pid, "rss": self.rss,
             "started_at": self.started_at, "reason": self.reason,
+            **({"role": self.role} if self.role else {}),
         }  # fmt: skip
 
     def state_file(self) -> dict:
@@ -88,7 +92,7 @@ class Shard:
             "id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
             "pid": self.pid, "create_time": self.started, "port": self.port,
             "endpoint": self.endpoint, "health": self.health, "started_at": self.started_at,
-            "weights": self.weights,
+            "weights": self.weights, "role": self.role,
         }  # fmt: skip
 
 
@@ -97,6 +101,13 @@ def probe(url: str) -> bool:
         return requests.get(url, timeout=PROBE_TIMEOUT_S).status_code == 200
     except requests.RequestException:
         return False
+
+
+def healthy(shard: Shard) -> bool:
+    """Whether a started shard answers: an engine's health URL, a worker's port."""
+    if shard.health == WORKER_HEALTH:
+        return workers.listening(shard.endpoint)
+    return probe(shard.endpoint + shard.health)
 
 
 class Supervisor:
@@ -202,6 +213,7 @@ class Supervisor:
                     profile=str(req.get("profile", "")),
                     engine=f"{req.get('engine', '')}-{req.get('engine_version', '')}",
                     started_at=time.time(),
+                    role=str(req.get("role") or ""),
                 )
                 self.shards[shard_id] = shard
         if running is not None:
@@ -228,6 +240,8 @@ class Supervisor:
         self._await_ready(shard, proc)
 
     def _launch(self, shard: Shard, req: dict) -> subprocess.Popen | None:
+        if req.get("role") == workers.ROLE:
+            return self._launch_worker(shard, req)
         missing = [k for k in ("engine", "engine_version", "source") if not req.get(k)]
         if missing:
             raise AgentError(f"start_shard lacks {', '.join(missing)}")
@@ -249,31 +263,59 @@ class Supervisor:
                 parallel=int(req.get("parallel", 1)), gpus=int(req.get("gpus", 0)),
                 args=tuple(str(a) for a in req.get("args", ())),
                 served_name=str(req.get("model", "")),
+                rpc=tuple(str(w) for w in req.get("rpc") or ()),
+                tensor_split=tuple(float(p) for p in req.get("tensor_split") or ()),
             )  # fmt: skip
             argv, env = self.installer.command(name, version, launch)
-            log_path = self._path(shard.id, ".log")
-            # O_APPEND: when the agent truncates an oversized log, the engine's next write
-            # lands at the new end instead of leaving a hole of zeros before it.
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o640)
-            try:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=fd,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env={**os.environ, **env},
-                    cwd=self.dir,
-                )
-            finally:
-                os.close(fd)
-            shard.proc, shard.pid, shard.port = proc, proc.pid, port
-            shard.started = process.create_time(proc.pid)
-            shard.endpoint = f"http://{self.cfg.host}:{port}"
-            shard.health = self.installer.health(name, version)
-            shard.lines = deque(maxlen=max(1, self.cfg.log_lines))
-            self._write_state(shard)
+            endpoint = f"http://{self.cfg.host}:{port}"
+            proc = self._spawn(
+                shard, argv, env, port, endpoint, self.installer.health(name, version)
+            )
         _log.info("shard_process_started", shard=shard.id, pid=proc.pid, port=port, command=argv[0])
+        return proc
+
+    def _launch_worker(self, shard: Shard, req: dict) -> subprocess.Popen | None:
+        """An rpc-server holding part of a replica across nodes, on the fabric address."""
+        host = workers.fabric_host(self.cfg)
+        name, version = str(req.get("engine", "")), str(req.get("engine_version", ""))
+        binary = self.installer.rpc_server(name, version)
+        threads = int(req.get("threads") or 0) or os.cpu_count() or 1
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            if shard.stopping:
+                return None
+            port = self._free_port()
+            argv = workers.rpc_command(binary, host, port, threads)
+            proc = self._spawn(shard, argv, {}, port, f"{host}:{port}", WORKER_HEALTH)
+        _log.info("shard_process_started", shard=shard.id, pid=proc.pid, port=port,
+                  command=argv[0], role=workers.ROLE)  # fmt: skip
+        return proc
+
+    def _spawn(self, shard: Shard, argv: list[str], env: dict, port: int, endpoint: str,
+               health: str) -> subprocess.Popen:  # fmt: skip
+        """Start a shard's process in its own session, its output to its log file, and
+        write down what finds it again after an agent restart. Under the lock."""
+        log_path = self._path(shard.id, ".log")
+        # O_APPEND: when the agent truncates an oversized log, the engine's next write
+        # lands at the new end instead of leaving a hole of zeros before it.
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o640)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **env},
+                cwd=self.dir,
+            )
+        finally:
+            os.close(fd)
+        shard.proc, shard.pid, shard.port = proc, proc.pid, port
+        shard.started = process.create_time(proc.pid)
+        shard.endpoint, shard.health = endpoint, health
+        shard.lines = deque(maxlen=max(1, self.cfg.log_lines))
+        self._write_state(shard)
         return proc
 
     def _evict(self) -> None:
@@ -297,7 +339,6 @@ class Supervisor:
 
     def _await_ready(self, shard: Shard, proc: subprocess.Popen) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        url = shard.endpoint + shard.health
         while not shard.stopping:
             code = proc.poll()
             if code is not None:
@@ -308,7 +349,7 @@ class Supervisor:
                     f"ready:\n{tail_lines(self._path(shard.id, '.log'))}",
                 )
                 return
-            if probe(url):
+            if healthy(shard):
                 # Measured now, not at the next monitor pass: the heartbeat after "ready"
                 # must already count what the engine holds, or placement sees the node
                 # emptier than it is (and a loaded CI machine saw rss 0 there).
@@ -347,8 +388,8 @@ class Supervisor:
     def _run_stop(self, shard: Shard) -> None:
         # A shard still fetching weights has no process yet; stopping=True keeps one from
         # being started, because _launch checks it under the same lock.
-        if shard.pid and shard.state == READY and shard.endpoint:
-            self._drain(shard)
+        if shard.pid and shard.state == READY and shard.endpoint.startswith("http"):
+            self._drain(shard)  # a worker (HOST:PORT) answers nothing itself
         if shard.pid:
             wait = shard.proc.wait if shard.proc is not None else None
             process.terminate(shard.pid, shard.started, STOP_GRACE_S, wait)
@@ -403,13 +444,14 @@ class Supervisor:
                     health=str(data.get("health", "/health")),
                     started_at=float(data.get("started_at", 0)),
                     weights=[str(k) for k in data.get("weights", [])],
+                    role=str(data.get("role", "")),
                 )  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError) as e:
                 _log.warning("bad_state_file", file=file, reason=e)
                 file.unlink(missing_ok=True)
                 continue
             is_alive = process.alive(shard.pid, shard.started)
-            if is_alive and probe(shard.endpoint + shard.health):
+            if is_alive and healthy(shard):
                 shard.state = READY
                 shard.lines = deque(
                     tail_lines(self._path(shard.id, ".log"), self.cfg.log_lines).splitlines(),

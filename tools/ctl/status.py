@@ -142,22 +142,21 @@ def control_plane_line(cp: dict) -> str:
 def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> None:
     """The REPLICA shape as aligned columns."""
     if detail:
+        rows = []
+        for r in replicas:
+            rows.append([
+                r["id"], r["model"], r["node"], replica_state(r), r.get("endpoint") or "-",
+                age(r.get("created") or r.get("since"), now), duration(r.get("idle_s")),
+                size(r["rss"]) if r.get("rss") else "-", last_line(r.get("reason") or ""),
+            ])  # fmt: skip
+            # A replica across nodes: one line per worker, under its leader.
+            for w in r.get("shards") or ():
+                rows.append([
+                    f"  {w['id']}", "(worker)", w["node"], w["state"], w.get("endpoint") or "-",
+                    "", "", size(w["memory"]) if w.get("memory") else "-", "",
+                ])  # fmt: skip
         print_table(
-            ["ID", "MODEL", "NODE", "STATE", "ENDPOINT", "AGE", "IDLE", "RSS", "REASON"],
-            [
-                [
-                    r["id"],
-                    r["model"],
-                    r["node"],
-                    replica_state(r),
-                    r.get("endpoint") or "-",
-                    age(r.get("created") or r.get("since"), now),
-                    duration(r.get("idle_s")),
-                    size(r["rss"]) if r.get("rss") else "-",
-                    last_line(r.get("reason") or ""),
-                ]
-                for r in replicas
-            ],
+            ["ID", "MODEL", "NODE", "STATE", "ENDPOINT", "AGE", "IDLE", "RSS", "REASON"], rows
         )
         return
     print_table(

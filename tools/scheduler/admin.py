@@ -145,7 +145,8 @@ class View:
              "endpoint": r.endpoint, "since": r.since, "created": r.created, "rss": r.rss,
              "reason": r.reason,
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
-             "idle_s": _round(self.s.idle_s(r, now))}
+             "idle_s": _round(self.s.idle_s(r, now)),
+             **({"shards": shards} if (shards := self.s.gangs.shards(r.id)) else {})}
             for r in sorted(self.s.inv.replicas.values() if model is None
                             else self.s.inv.of_model(model), key=lambda r: (r.model, r.since))
         ]  # fmt: skip

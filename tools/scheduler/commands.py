@@ -12,6 +12,7 @@ from llmgw.store import MirroredWeights, ReplicaIntent, drop_connection
 from llmgw_scheduler.inventory import Inventory, Replica
 
 _log = log.get("llmgw.scheduler")
+WORKER = "rpc-worker"  # a start_shard's role: a gang's worker (tools/agentd/workers.py)
 
 
 class Outbox(list):
@@ -79,10 +80,14 @@ class Commands:
         self._installs_asked: dict[tuple[str, str], float] = {}
         # Where agents fetch mirrored weights: this scheduler's admin API (empty: none).
         self.mirror_url = ""
+        self._mirrored: dict = {}  # replica id -> its MirroredWeights row, until started
 
-    def start(self, m: Model, node: str, now: float) -> str | None:
+    def start(self, m: Model, node: str, now: float, hold: bool = False,
+              memory: int = -1) -> str | None:  # fmt: skip
         """Start a replica: the intent goes to the store first, so a leader that takes
-        over knows it may be on its way; None if the store would not take it."""
+        over knows it may be on its way; None if the store would not take it. `hold`: a
+        gang's leader, recorded and booked now, started by `start_leader` once its
+        workers are ready."""
         rid = "r-" + secrets.token_hex(4)
         try:
             epoch = self.outbox.role.epoch
@@ -95,7 +100,18 @@ class Commands:
             return None
         self.intents.ids.add(rid)
         key = apikeys.engine_key(self.cluster_secret, rid)
-        self.inv.add(Replica(rid, m.name, node, m.profile_hash(), ShardState.PENDING, now, key=key))
+        self.inv.add(Replica(rid, m.name, node, m.profile_hash(), ShardState.PENDING, now,
+                             key=key, memory=memory))  # fmt: skip
+        self._mirrored[rid] = mirrored
+        if not hold:
+            self.start_leader(m, rid, node)
+        return rid
+
+    def start_leader(self, m: Model, rid: str, node: str, workers: list[str] = (),
+                     tensor_split: list[float] = ()) -> None:  # fmt: skip
+        """Send a replica's start_shard; a gang's leader gets its workers' addresses."""
+        key = apikeys.engine_key(self.cluster_secret, rid)
+        mirrored = self._mirrored.pop(rid, None)
         body = {
             "id": rid, "model": m.name, "profile": m.profile_hash(), "engine": m.engine,
             "engine_version": m.engine_version, "source": m.source, "sha256": m.sha256,
@@ -110,9 +126,28 @@ class Commands:
                 "token": mirror.node_token(self.cluster_secret, node),
                 "files": json.loads(mirrored.files),
             }  # fmt: skip
-        _log.info("start_replica", replica=rid, model=m.name, node=node)
+        if workers:
+            body["rpc"], body["tensor_split"] = list(workers), list(tensor_split)
+        _log.info("start_replica", replica=rid, model=m.name, node=node,
+                  workers=len(workers) or None)  # fmt: skip
         self.outbox.send(node, MsgType.START_SHARD, body)
-        return rid
+
+    def start_worker(self, m: Model, wid: str, node: str, memory: int, now: float) -> None:
+        """Start one worker of a gang (an rpc-server holding `memory` of the model)."""
+        self.inv.add_worker(Replica(wid, m.name, node, m.profile_hash(), ShardState.PENDING,
+                                    now, role=WORKER, memory=memory))  # fmt: skip
+        body = {"id": wid, "model": m.name, "profile": m.profile_hash(), "role": WORKER,
+                "engine": m.engine, "engine_version": m.engine_version}  # fmt: skip
+        _log.info("start_worker", worker=wid, model=m.name, node=node, memory=memory)
+        self.outbox.send(node, MsgType.START_SHARD, body)
+
+    def stop_worker(self, wid: str, now: float) -> None:
+        w = self.inv.workers.get(wid)
+        if w is None or w.state == ShardState.STOPPING:
+            return
+        _log.info("stop_worker", worker=wid, node=w.node, state=w.state)
+        self.inv.set_state(w, ShardState.STOPPING, now)
+        self.outbox.send(w.node, MsgType.STOP_SHARD, {"id": wid})
 
     def install(self, node: str, m: Model) -> None:
         key = (node, m.engine_id)

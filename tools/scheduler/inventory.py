@@ -50,6 +50,16 @@ class Replica:
     # When it was first known (asked for, or first reported): its age. `since` is when
     # its state last changed, so a replica that just began draining looked 0 s old.
     created: float = 0.0
+    # A worker of a replica across nodes (Inventory.workers, gangs.py): "rpc-worker".
+    role: str = ""
+    # Bytes it holds on its node, when not its model's whole need: a worker's part, or a
+    # gang's leader (its workers hold the weights). -1: the model's need.
+    memory: int = -1
+
+    @property
+    def gang(self) -> str:
+        """A worker's leader: worker `r-1a2b.w0` belongs to replica `r-1a2b`."""
+        return self.id.rpartition(".w")[0] if self.role else ""
 
     def __post_init__(self):
         self.created = self.created or self.since
@@ -67,6 +77,11 @@ class Inventory:
         self._by_node: dict[str, dict[str, Replica]] = {}
         self._by_model: dict[str, dict[str, Replica]] = {}
         self._lost: set[str] = set()
+        # The workers of replicas across nodes (gangs.py), kept apart: they serve nothing
+        # and count toward no model, only toward their nodes' memory.
+        self.workers: dict[str, Replica] = {}
+        self._workers_by_node: dict[str, dict[str, Replica]] = {}
+        self.ended_workers: dict[str, str] = {}  # worker -> why, until the next gang pass
 
     def node_report(self, node_id: str, body: dict, now: float) -> Node:
         """Fold a hello/heartbeat body's resources and engines into the node."""
@@ -110,6 +125,10 @@ class Inventory:
                 continue
             vanished.append(self.remove(r.id))
             changed = True
+        for w in self.workers_on(node_id):  # its gang sees it gone: no replica of its own
+            if w.id not in seen and not (w.state == ShardState.PENDING
+                                         and now - w.since < grace_s):  # fmt: skip
+                self.remove_worker(w.id)
         return changed, vanished
 
     def shard_update(self, node_id: str, shard: dict, now: float) -> bool:
@@ -118,6 +137,9 @@ class Inventory:
         if not isinstance(rid, str):
             return False
         state = shard.get("state", "")
+        if shard.get("role") or rid in self.workers:
+            self._worker_update(node_id, rid, shard, now)
+            return False  # serves nothing: the routing table is the same
         r = self.replicas.get(rid)
         if r is None:
             if state not in LIVE:
@@ -143,6 +165,47 @@ class Inventory:
             self.remove(rid)
         return changed
 
+    def _worker_update(self, node_id: str, wid: str, shard: dict, now: float) -> None:
+        state = shard.get("state", "")
+        w = self.workers.get(wid)
+        if w is None:
+            if state not in LIVE:
+                return
+            w = Replica(wid, shard.get("model", ""), node_id, shard.get("profile", ""), state,
+                        now, role=str(shard.get("role") or "rpc-worker"))  # fmt: skip
+            self.add_worker(w)
+        elif w.state == ShardState.STOPPING and state in LIVE:
+            return  # we asked it to stop; the report predates that
+        if w.state != state:
+            w.since = now
+        if state in LIVE:
+            w.orphaned = False
+        w.state = state
+        w.endpoint = shard.get("endpoint", w.endpoint) or w.endpoint
+        w.rss = int(shard.get("rss") or 0)
+        w.reason = shard.get("reason", "") or ""
+        if state in ENDED:
+            self.remove_worker(wid)
+            self.ended_workers[wid] = w.reason  # for its gang to say why it ended
+
+    def add_worker(self, w: Replica) -> None:
+        self.remove_worker(w.id)
+        self.workers[w.id] = w
+        self._workers_by_node.setdefault(w.node, {})[w.id] = w
+
+    def remove_worker(self, wid: str) -> Replica | None:
+        w = self.workers.pop(wid, None)
+        if w is not None:
+            mine = self._workers_by_node.get(w.node)
+            if mine is not None:
+                mine.pop(wid, None)
+                if not mine:
+                    del self._workers_by_node[w.node]
+        return w
+
+    def workers_on(self, node_id: str) -> list[Replica]:
+        return list(self._workers_by_node.get(node_id, {}).values())
+
     def mark_lost(self, now: float, lost_after_s: float) -> list[Node]:
         newly = []
         for node in self.nodes.values():
@@ -151,7 +214,7 @@ class Inventory:
                 self._lost.add(node.id)
                 newly.append(node)
         for node in newly:
-            for r in self.on_node(node.id):
+            for r in self.on_node(node.id) + self.workers_on(node.id):
                 r.orphaned = True
         return newly
 

@@ -3,7 +3,7 @@
 
 from llmgw import audit, log
 from llmgw import restarts as rolling
-from llmgw.errors import NotFound
+from llmgw.errors import Conflict, NotFound
 from llmgw.reconciler import ReplicaView
 from llmgw.states import LIVE, ShardState
 from llmgw.store import drop_connection
@@ -39,6 +39,12 @@ class Restarts:
                 raise NotFound(
                     f"no running replica '{rid}' (see `llmgw replicas`)", "replica_not_found"
                 )
+            m = self.catalog.models.get(r.model)
+            if m is not None and m.split:
+                raise Conflict(
+                    f"replica '{rid}' spans nodes: restarting one is not supported yet;"
+                    " drain a node it is on and it is replaced whole", "split_replica"
+                )  # fmt: skip
         active = {job.replica: job for job in self.jobs if job.active}
         out = []
         for rid in ids:

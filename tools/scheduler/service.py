@@ -21,6 +21,7 @@ from llmgw_scheduler.demand import Demand
 from llmgw_scheduler.drains import Drains
 from llmgw_scheduler.eviction import Eviction
 from llmgw_scheduler.flags import Flags
+from llmgw_scheduler.gangs import Gangs
 from llmgw_scheduler.inventory import Inventory
 from llmgw_scheduler.load import Loads
 from llmgw_scheduler.messages import Messages
@@ -75,6 +76,7 @@ class Scheduler:
         self.demand = Demand()
         self.loads = Loads()
         self.autoscaler = Autoscaler(self.catalog, self.inv, self.loads, clock)
+        self.gangs = Gangs(self.inv, self.commands, self.parking, s, self.flags)
         self.unplaceable = Unplaceable(self.flags, clock)
         making_room: dict[str, tuple[str, float]] = {}
         self.views = Views(self.catalog, self.inv, needs, self.parking, self.demand,
@@ -292,12 +294,16 @@ class Scheduler:
         restarting = {j.model for j in self.restarting.jobs if j.active}
         for rid in self.autoscaler.to_give_back(counted, skip=restarting):
             self.commands.stop(rid, now)  # the least loaded: it finishes what it has
-        desired = [self._desired(m, now) for m in models.values() if m.name not in parked]
+        # Models that span nodes are the gangs' to place (gangs.py), not the reconciler's.
+        desired = [self._desired(m, now) for m in models.values()
+                   if m.name not in parked and not m.split]  # fmt: skip
         self.restarting.pass_(now)
         views = [
             ReplicaView(r.id, r.model, r.node, r.state, r.since)
             for r in self.inv.replicas.values()
-            if r.state in LIVE and r.node not in drained
+            if r.state in LIVE
+            and r.node not in drained
+            and not (r.model in models and models[r.model].split)
         ]
         views = self.restarting.counted(views)
         decisions = reconcile(desired, views, self.views.node_views(), self.parking.backoff, now)
@@ -308,6 +314,15 @@ class Scheduler:
                 self.commands.start(models[model], node, now)
         for rid in decisions.stops:
             self.commands.stop(rid, now)
+        split = {m.name: self.desired_now(m, now) for m in models.values() if m.split}
+        if split or self.inv.workers or self.gangs.jobs:
+            node_views = self.views.node_views()
+            fabrics = {n.id: ((n.topology.get("fabric") or {}).get("label", ""),
+                              (n.topology.get("fabric") or {}).get("address", ""))
+                       for n in self.inv.nodes.values()}  # fmt: skip
+            decisions.unplaceable.update(self.gangs.pass_(
+                models, split, parked, self.parking.backoff, node_views, fabrics, drained,
+                self.needs, now))  # fmt: skip
         self.drains.pass_(now)
         self.eviction.evict_for(decisions.unplaceable, now)
         self.unplaceable.report(decisions.unplaceable)
@@ -331,6 +346,12 @@ class Scheduler:
         for r in self.inv.replicas.values():
             if r.state in _COUNTED and r.node not in drained and r.node not in lost:
                 out.setdefault(r.model, []).append(r)
+        # A replica across nodes counts only if none of its nodes is lost or draining: a
+        # gang being replaced for a drain counted twice, and the autoscaler gave back
+        # the new one as a surplus the moment it was ready.
+        models = self.catalog.models
+        for name in [n for n in out if n in models and models[n].split]:
+            out[name] = self.gangs.leaders(name, lost | set(drained))
         return out
 
     def _expire_pending(self, now: float) -> None:

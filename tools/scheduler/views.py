@@ -71,8 +71,13 @@ class Views:
                 if r.state in LIVE:
                     counts[r.model] = counts.get(r.model, 0) + 1
                     m = models.get(r.model)
-                    if m is not None:
+                    if r.memory >= 0:  # a gang's leader: its workers hold the weights
+                        reserved += max(0, r.memory - r.rss)
+                    elif m is not None:
                         reserved += max(0, self.needs.need(m).memory - r.rss)
+            for w in self.inv.workers_on(node.id):  # its part of a replica across nodes
+                if w.state in LIVE:
+                    reserved += max(0, w.memory - w.rss)
             engines = {}
             for eid, info in node.engines.items():
                 state = info.get("state", "")

@@ -203,19 +203,3 @@ def test_cached_tokens_are_read_from_usage_or_llama_server_timings():
     assert cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": 12}}}) == 12
     assert cached_tokens({"usage": {"prompt_tokens": 3}, "timings": {"cache_n": 7}}) == 7
     assert cached_tokens({"usage": {"prompt_tokens": 3}}) is None
-
-
-def test_a_replica_with_every_slot_taken_counts_the_wait_for_one():
-    idx = PrefixIndex()
-    a, b = Ep("a", outstanding=2), Ep("b", outstanding=1)
-    held = request_key(chat("q", system="short " * 40))
-    idx.sent("a", held, 0)
-    idx._replica("a").inflight = idx._replica("b").inflight = 200.0
-    key = request_key(chat("q", "r", "s", system="short " * 40))
-    # Free slots on both: a's cached prompt wins, equal work in flight.
-    assert idx.choose([a, b], key, slots_of=lambda ep: 4) is a
-    idx.served("a", key, 0, None)
-    idx._replica("a").inflight = idx._replica("b").inflight = 200.0
-    # Two slots, both busy on a: the wait for one outweighs the ~60 cached tokens.
-    assert idx.choose([a, b], request_key(chat("q", "r", "t", system="short " * 40)),
-                      slots_of=lambda ep: 2) is b  # fmt: skip

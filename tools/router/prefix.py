@@ -193,10 +193,9 @@ class PrefixIndex:
 
     def choose(self, candidates, key: Key, slots_of=lambda ep: 0):
         """The candidate (anything with `.id` and `.outstanding`) minimising uncached
-        prompt tokens + alpha × tokens in flight (and one request's more where every slot
-        is taken); ties to the client's session, then to the least outstanding. A load
-        guard overrides the cache when one replica has piled up far more requests than
-        another. Records the choice (see `sent`)."""
+        prompt tokens + alpha × tokens in flight; ties to the client's session, then to
+        the least outstanding. A load guard overrides the cache when one replica has
+        piled up far more requests than another. Records the choice (see `sent`)."""
         if not candidates:
             return None
         cpt = self.chars_per_token(key.model)
@@ -207,13 +206,7 @@ class PrefixIndex:
         for ep in candidates:
             m = self.match(ep.id, key)
             uncached = max(0.0, total - m * per_block)
-            work = self.inflight(ep.id)
-            slots = slots_of(ep)
-            if slots and ep.outstanding >= slots:
-                # Every slot is taken: the request waits in the engine's queue for one
-                # whole request to end before its prompt is even looked at.
-                work += work / ep.outstanding
-            rank = (uncached + self.alpha * work, ep.id != sticky, ep.outstanding)
+            rank = (uncached + self.alpha * self.inflight(ep.id), ep.id != sticky, ep.outstanding)
             if best_rank is None or rank < best_rank:
                 best, best_rank, matched = ep, rank, m
         least = min(candidates, key=lambda ep: ep.outstanding)

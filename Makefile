@@ -47,6 +47,7 @@ docs: install
 	$(BIN)/python scripts/gen-cli-docs.py
 
 bench: install
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS))
 	$(BIN)/python bench/scheduler.py $(if $(BASE),--baseline $(BASE))
 	$(BIN)/python bench/cold_start.py
@@ -55,6 +56,7 @@ bench: install
 	$(BIN)/python bench/gangs.py
 	$(BIN)/python bench/split.py
 	$(BIN)/python bench/routing.py
+	$(BIN)/python bench/autoscale.py
 	$(if $(LLMGW_TEST_POSTGRES),$(BIN)/python bench/failover.py,@echo "bench/failover.py skipped: set LLMGW_TEST_POSTGRES")
 
 # The wheel and sdist of llmgw.__version__ into dist/, with release notes from

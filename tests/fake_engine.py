@@ -290,12 +290,17 @@ def main():
     )
     parser.add_argument("--name", default="fake")
     parser.add_argument("--alias", default="", help="the model name to answer with")
+    # As if set by /_control from the start: a model's profile.args can slow its engine.
+    parser.add_argument("--first-delay-s", type=float, default=0.0,
+                        help="seconds before each answer (or a stream's first chunk)")  # fmt: skip
+    parser.add_argument("--slots", type=int, default=64, help="the slots /slots shows")
     args = parser.parse_args()
     key = args.key
     if args.key_file:
         with open(args.key_file) as f:
             key = f.read().strip()
     engine = Engine(key, args.name, args.alias)
+    engine.first_delay_s, engine.n_slots = args.first_delay_s, args.slots
     print(f"fake engine {args.name} listening on port {args.port}", flush=True)
     web.run_app(
         engine.app(),

@@ -114,9 +114,10 @@ class Cluster:
         profile: str = "",
         keep_alive: float = 300.0,
         sha256: str = "",
+        scaling: str = "",
     ) -> None:
         """A model for the fake engine, unless `engine`, `source` and `profile` (TOML lines
-        for [models.profile]) say otherwise."""
+        for [models.profile]) say otherwise; `scaling`: more [models.scaling] lines."""
         self.models.append(
             {
                 "name": name,
@@ -129,6 +130,7 @@ class Cluster:
                 "profile": profile,
                 "keep_alive": keep_alive,
                 "sha256": sha256,
+                "scaling": scaling,
             }
         )
 
@@ -144,7 +146,7 @@ class Cluster:
                 + f'engine = "{m["engine"]}"\nengine_version = "{m["version"]}"\n'
                 f"[models.profile]\n{memory}{m['profile']}"
                 f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"
-                f"keep_alive_s = {m['keep_alive']}\n"
+                f"keep_alive_s = {m['keep_alive']}\n{m['scaling']}"
             )
         return "".join(out)
 

@@ -50,6 +50,19 @@ def test_replacing_the_table_keeps_the_counters_of_endpoints_that_stay():
     assert next(e for e in t.endpoints() if e.id == "a").outstanding == 4
 
 
+def test_a_request_in_flight_across_a_table_change_is_not_counted_after_it_ends():
+    # What call.py does: count the request on the endpoint it picked, uncount it there
+    # when it ends. A table snapshot arriving in between must not keep it counted.
+    t = table(("a", ["m"]))
+    ep = t.pick("m", now=0)
+    ep.outstanding += 1
+    t.replace([Endpoint("a", "http://a", ("m",), key="new-key")])
+    ep.outstanding -= 1
+    (now,) = t.endpoints()
+    assert now.outstanding == 0
+    assert now.key == "new-key" and b"new-key" in now.head  # the rest is the new table's
+
+
 def test_a_new_table_keeps_when_each_endpoint_was_last_used():
     # The scheduler learns a replica was used from the next activity report; a table
     # snapshot arriving between the request and that report must not forget it.

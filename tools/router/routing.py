@@ -82,12 +82,15 @@ class RoutingTable:
         for ep in endpoints:
             old = self._by_id.get(ep.id)
             if old is not None and old.url == ep.url:
-                ep.outstanding, ep.cooldown_until = old.outstanding, old.cooldown_until
-                # Dropping last_used lost a request that ended just before a snapshot
-                # and after the last activity report: the scheduler then never heard
-                # the replica was used (a flaky CI run showed it, as idle time that
-                # never reset).
-                ep.signal, ep.last_used = old.signal, old.last_used
+                # The endpoint that stays is the same object, its counters, cooldown,
+                # signal and last use with it. Copying the counter onto a new object
+                # left each request in flight at a table change counted forever: it
+                # ended on the old one. Under load the autoscaler then saw an idle
+                # replica busy and never scaled down (tests/system/test_autoscale.py).
+                # Dropping last_used, before, lost a request that ended just before a
+                # snapshot: the scheduler never heard the replica was used.
+                old.models, old.key, old.head = ep.models, ep.key, ep.head
+                ep = old
             by_id[ep.id] = ep
         by_model: dict[str, list[Endpoint]] = {}
         for ep in by_id.values():

@@ -137,3 +137,15 @@ def test_workers_count_toward_their_nodes_memory(fleet):
         assert views[node].memory_free < 2 * GiB  # its part is booked
     idle = next(n for n in NODES if n not in {n for n, _ in starts})
     assert views[idle].memory_free == 2 * GiB
+
+
+def test_a_leader_s_size_does_not_teach_the_scheduler_the_model_s(fleet):
+    from llmgw.store import MeasuredCapacity
+
+    rid, starts = place(fleet)
+    for node, body in starts:
+        worker(fleet, node, body["id"], "ready")
+    fleet.tick()
+    ((node, _),) = fleet.sent("start_shard")
+    fleet.shard(node, rid, "ready", rss=300 << 20)  # the leader alone: a small part
+    assert MeasuredCapacity.select().count() == 0  # no "measured" size of the model

@@ -116,7 +116,12 @@ class Messages:
         if state == ShardState.READY:
             self.parking.succeeded(model)
             m = self.catalog.models.get(model)
-            if m is not None and shard.get("rss") and self.leadership.leading():
+            # A gang's leader holds a part at most (its workers hold the weights): its
+            # size is no measure of the model's, and once taught the scheduler that a
+            # model bigger than any node fits on one.
+            leader = self.inv.replicas.get(shard.get("id"))
+            if (m is not None and shard.get("rss") and self.leadership.leading()
+                    and not (leader is not None and leader.memory >= 0)):  # fmt: skip
                 self.needs.record(m, int(shard["rss"]))  # a standby writes nothing
         elif state == ShardState.FAILED and was != ShardState.STOPPING:
             reason = shard.get("reason") or ""

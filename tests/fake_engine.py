@@ -61,6 +61,7 @@ class Engine:
         self.released = asyncio.Event()
         self.requests = 0
         self.cancelled = 0
+        self.streamed_chunks = 0  # stream chunks written, all requests together
         self.active = 0
         self.last_headers: dict = {}
         self.last_body: dict = {}
@@ -105,6 +106,7 @@ class Engine:
             {
                 "requests": self.requests,
                 "cancelled": self.cancelled,
+                "streamed_chunks": self.streamed_chunks,
                 "active": self.active,
                 "last_headers": self.last_headers,
                 "last_body": self.last_body,
@@ -264,6 +266,7 @@ class Engine:
             )
             chunk = {"id": "fake-1", "object": obj, "model": self.model, "choices": [choice]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.streamed_chunks += 1
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
         if (body.get("stream_options") or {}).get("include_usage"):

@@ -69,6 +69,17 @@ class RouterConfig:
     usage_spool: bool = True
     usage_spool_dir: str = ""
     shutdown_grace_s: float = 30.0
+    # What serves HTTP: "http1" (the router's own server, http1.py) or "aiohttp" (the
+    # server before it, kept as a fallback).
+    transport: str = "http1"
+    # Requests' size and pace (http1 transport): a longer request line is answered 414,
+    # a larger head 431; a head not complete header_timeout_s after it began, or a body
+    # body_timeout_s after its head, 408; an idle connection closes after idle_timeout_s.
+    max_url_bytes: int = 8192
+    max_header_bytes: int = 16384
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 75.0
     endpoints: list[EndpointConfig] = field(default_factory=list)
     # The schedulers' routing-table feeds (PUB sockets); empty: static endpoints only.
     schedulers: list[str] = field(default_factory=list)

@@ -1,16 +1,18 @@
-"""The router's aiohttp application: routes, background workers, orderly shutdown."""
+"""The router: its parts, their workers and orderly shutdown, and which handler answers
+which request. Served by http1.py (or aiohttp_app.py); knows neither."""
 
 import asyncio
+import functools
 import time
 
 import prometheus_client
-from aiohttp import web
 
 from llmgw import log
 from llmgw_router import dialects, metrics, models, probe, responses_api
 from llmgw_router.admission import Admission
 from llmgw_router.conversations import Conversations
 from llmgw_router.errors import api_error
+from llmgw_router.exchange import Answer, json_answer
 from llmgw_router.keycache import KeyCache
 from llmgw_router.leases import Leaser
 from llmgw_router.limits import Limiter
@@ -36,63 +38,44 @@ _PUMP_S = 0.5
 _log = log.get("llmgw.router")
 
 
-def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Application:
-    """The application; workers start with it and stop (flushing usage) with it."""
-    rc = cfg.router
-    keys = KeyCache(refresh_s=rc.key_refresh_s)
-    usage = UsageWriter(
-        db,
-        capacity=rc.usage_buffer,
-        batch=rc.usage_batch,
-        flush_s=rc.usage_flush_s,
-        on_drop=metrics.USAGE_DROPPED.inc,
-        spool=spool,
-    )
-    limiter = Limiter()
-    leaser = Leaser(limiter, db)
-    policies = Policies(
-        limiter,
-        rc.bands,
-        rc.default_band,
-        models=cfg.models,
-        extra_engines={e.name for e in cfg.agent.engines},
-        refresh_s=rc.limits_refresh_s,
-    )
-    quota = Quota(limiter, leaser, rc.lease_wait_s, rc.default_max_tokens)
-    admission = Admission(policies.bands, lambda model: capacity(table, policies, model, rc))
-    prober = probe.Probe(table, rc.engine_probe_s)
-    # aiohttp's own limit answers with plain text; ours answers in OpenAI's shape, so let
-    # bodies through aiohttp up to one byte past the limit and judge them in the proxy.
-    app = web.Application(client_max_size=rc.max_body_bytes + 1)
-    app["keys"], app["usage"], app["table"] = keys, usage, table
-    app["policies"], app["admission"] = policies, admission
-    app["fed"] = feed is not None
-    conversations = app["conversations"] = Conversations(db)
+class Router:
+    """The router's parts and their lifecycle, whatever serves HTTP: `state` is what
+    every request sees as `request.app`; `routes` maps requests to handlers."""
 
-    async def on_startup(app):
-        loop = asyncio.get_running_loop()
-        keys.start(db)
-        usage.start()
-        conversations.start()
-        policies.start(db)
-        leaser.start(loop)
-
-        def pump():
-            admission.pump_all()
-            app["pump"] = loop.call_later(_PUMP_S, pump)
-
-        # The engines' word on their load may free slots: look at the queues again.
-        prober.on_change = lambda: loop.call_soon_threadsafe(admission.pump_all)
-        prober.start()
-
-        app["pump"] = loop.call_later(_PUMP_S, pump)
-        pool = Pool(connect_timeout=rc.connect_timeout_s, total_timeout=rc.upstream_timeout_s)
-        app["pool"] = pool
-        app["proxy"] = Proxy(
+    def __init__(self, cfg, table: RoutingTable, db, feed=None, spool=None):
+        rc = self.rc = cfg.router
+        self.table, self.db, self.feed = table, db, feed
+        self.keys = keys = KeyCache(refresh_s=rc.key_refresh_s)
+        self.usage = UsageWriter(
+            db,
+            capacity=rc.usage_buffer,
+            batch=rc.usage_batch,
+            flush_s=rc.usage_flush_s,
+            on_drop=metrics.USAGE_DROPPED.inc,
+            spool=spool,
+        )
+        self.leaser = Leaser(Limiter(), db)
+        limiter = self.leaser.limiter
+        self.policies = policies = Policies(
+            limiter,
+            rc.bands,
+            rc.default_band,
+            models=cfg.models,
+            extra_engines={e.name for e in cfg.agent.engines},
+            refresh_s=rc.limits_refresh_s,
+        )
+        quota = Quota(limiter, self.leaser, rc.lease_wait_s, rc.default_max_tokens)
+        self.admission = Admission(
+            policies.bands, lambda model: capacity(table, policies, model, rc)
+        )
+        self.prober = probe.Probe(table, rc.engine_probe_s)
+        self.pool = Pool(connect_timeout=rc.connect_timeout_s, total_timeout=rc.upstream_timeout_s)
+        self.conversations = Conversations(db)
+        self.proxy = Proxy(
             table,
             keys,
-            usage,
-            pool,
+            self.usage,
+            self.pool,
             rc.max_body_bytes,
             rc.retries,
             rc.keepalive_interval_s,
@@ -100,69 +83,128 @@ def build(cfg, table: RoutingTable, db, feed=None, spool=None) -> web.Applicatio
             feed=feed,
             policies=policies,
             quota=quota,
-            admission=admission,
+            admission=self.admission,
             queue_deadline_s=rc.queue_deadline_s,
         )
+        self.state = {
+            "keys": keys,
+            "usage": self.usage,
+            "table": table,
+            "policies": policies,
+            "admission": self.admission,
+            "fed": feed is not None,
+            "conversations": self.conversations,
+            "proxy": self.proxy,
+        }
+        self.routes = Routes(not_found)
+        self._pump = None
+        for route in (CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RERANKING):
+            self.routes.add("POST", route.path, functools.partial(self.proxy.forward, route=route))
+        for route in dialects.ROUTES:
+            self.routes.add("POST", route.path, dialects.handler(route))
+        self.routes.add("GET", "/v1/responses/{response_id}", responses_api.retrieve)
+        self.routes.add("DELETE", "/v1/responses/{response_id}", responses_api.delete)
+        self.routes.add("GET", "/v1/responses/{response_id}/input_items", responses_api.input_items)
+        self.routes.add("GET", "/v1/models", self.proxy.models)
+        self.routes.add("GET", "/v1/models/{model}", models.retrieve)
+        self.routes.add("GET", "/health", health)
+        self.routes.add("GET", "/ready", ready)
+        self.routes.add("GET", "/metrics", metrics_page)
+
+    async def start(self) -> None:
+        """Start the workers, on the running loop."""
+        loop = asyncio.get_running_loop()
+        table, admission, feed = self.table, self.admission, self.feed
+        self.keys.start(self.db)
+        self.usage.start()
+        self.conversations.start()
+        self.policies.start(self.db)
+        self.leaser.start(loop)
+
+        def pump():
+            admission.pump_all()
+            self._pump = loop.call_later(_PUMP_S, pump)
+
+        # The engines' word on their load may free slots: look at the queues again.
+        self.prober.on_change = lambda: loop.call_soon_threadsafe(admission.pump_all)
+        self.prober.start()
+        self._pump = loop.call_later(_PUMP_S, pump)
         if feed is not None:
-            feed.load = lambda: load_report(table, policies, admission, rc)
+            feed.load = lambda: load_report(table, self.policies, admission, self.rc)
 
             def install(eps, known):
                 table.replace(eps, known)
-                pool.retain(ep.url for ep in eps)  # replicas that left: their connections go
+                self.pool.retain(ep.url for ep in eps)  # replicas that left: their connections go
                 admission.pump_all()  # more replicas: more slots for the queued
 
             # The feed's thread hands each new table to the loop; the request path only
             # ever sees a whole table.
             feed.apply = lambda eps, known: loop.call_soon_threadsafe(install, eps, known)
             feed.start()
-        metrics.KEYS_LOADED.set_function(lambda: len(keys))
-        metrics.USAGE_PENDING.set_function(usage.pending)
+        metrics.KEYS_LOADED.set_function(lambda: len(self.keys))
+        metrics.USAGE_PENDING.set_function(self.usage.pending)
 
-    async def on_cleanup(app):
-        app["pump"].cancel()
-        prober.stop()
-        if feed is not None:
-            feed.stop()
-        app["pool"].close()
-        keys.stop()
-        policies.stop()
+    async def stop(self) -> None:
+        """Stop the workers, flushing usage; after the last request has ended."""
+        if self._pump is not None:
+            self._pump.cancel()
+        self.prober.stop()
+        if self.feed is not None:
+            self.feed.stop()
+        self.pool.close()
+        self.keys.stop()
+        self.policies.stop()
+        loop = asyncio.get_running_loop()
         # Give back unused allowance and concurrency slots, so the other routers can
         # have them now rather than when the window ends or the hold expires.
-        await asyncio.get_running_loop().run_in_executor(None, leaser.stop)
+        await loop.run_in_executor(None, self.leaser.stop)
         # Flush in a thread: the store may be slow, and the loop is still ours.
-        await asyncio.get_running_loop().run_in_executor(None, conversations.stop)
-        await asyncio.get_running_loop().run_in_executor(None, usage.stop)
-        _log.info("stopped", usage_rows_written=usage.written, usage_rows_replayed=usage.replayed)
+        await loop.run_in_executor(None, self.conversations.stop)
+        await loop.run_in_executor(None, self.usage.stop)
+        _log.info(
+            "stopped",
+            usage_rows_written=self.usage.written,
+            usage_rows_replayed=self.usage.replayed,
+        )
 
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
 
-    def via_proxy(name, route=None):
-        async def handle(request):
-            proxy = request.app["proxy"]
-            if route is None:
-                return await getattr(proxy, name)(request)
-            return await proxy.forward(request, route)
+class Routes:
+    """(method, path) to handler: exact paths in a dict, the few with a named part
+    (`/v1/models/{model}`) matched segment by segment."""
 
-        return handle
+    def __init__(self, fallback):
+        self.fallback = fallback  # unknown paths and methods
+        self.exact: dict[tuple[str, str], object] = {}
+        self.patterns: list[tuple[str, tuple[str, ...], object]] = []
 
-    app.router.add_post(CHAT.path, via_proxy("forward", CHAT))
-    app.router.add_post(COMPLETIONS.path, via_proxy("forward", COMPLETIONS))
-    app.router.add_post(EMBEDDINGS.path, via_proxy("forward", EMBEDDINGS))
-    app.router.add_post(RERANK.path, via_proxy("forward", RERANK))
-    app.router.add_post(RERANKING.path, via_proxy("forward", RERANKING))
-    for route in dialects.ROUTES:
-        app.router.add_post(route.path, dialects.handler(route))
-    app.router.add_get("/v1/responses/{response_id}", responses_api.retrieve)
-    app.router.add_delete("/v1/responses/{response_id}", responses_api.delete)
-    app.router.add_get("/v1/responses/{response_id}/input_items", responses_api.input_items)
-    app.router.add_get("/v1/models", via_proxy("models"))
-    app.router.add_get("/v1/models/{model}", models.retrieve)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics_page)
-    app.router.add_route("*", "/{tail:.*}", not_found)
-    return app
+    def add(self, method: str, path: str, handler) -> None:
+        if "{" not in path:
+            self.exact[(method, path)] = handler
+        else:
+            self.patterns.append((method, tuple(path.strip("/").split("/")), handler))
+
+    def resolve(self, method: str, path: str) -> tuple[object, dict]:
+        """(handler, the path's named parts); HEAD is answered as GET."""
+        if method == "HEAD":
+            method = "GET"
+        handler = self.exact.get((method, path))
+        if handler is not None:
+            return handler, {}
+        parts = path.strip("/").split("/")
+        for m, pattern, handler in self.patterns:
+            if m != method or len(pattern) != len(parts):
+                continue
+            info = {}
+            for want, got in zip(pattern, parts, strict=True):
+                if want.startswith("{"):
+                    if not got:
+                        break
+                    info[want[1:-1]] = got
+                elif want != got:
+                    break
+            else:
+                return handler, info
+        return self.fallback, {}
 
 
 def capacity(table: RoutingTable, policies: Policies, model: str, rc) -> int | None:
@@ -186,7 +228,7 @@ def load_report(table: RoutingTable, policies: Policies, admission: Admission, r
     }
 
 
-def not_ready_because(app: web.Application) -> str:
+def not_ready_because(app: dict) -> str:
     """Why this router cannot answer requests yet ("" once it can): what readiness says."""
     table = app["table"]
     if not app["keys"].loaded.is_set():
@@ -200,7 +242,7 @@ def not_ready_because(app: web.Application) -> str:
     return ""
 
 
-def _state(request: web.Request) -> tuple[str, dict]:
+def _state(request) -> tuple[str, dict]:
     app, table = request.app, request.app["table"]
     why = not_ready_because(app)
     return why, {
@@ -215,27 +257,27 @@ def _state(request: web.Request) -> tuple[str, dict]:
     }
 
 
-async def health(request: web.Request) -> web.Response:
+async def health(request) -> Answer:
     """Liveness: 200 while the process answers at all, with what readiness would say.
     Restart a router on this failing, never route by it."""
     _, body = _state(request)
-    return web.json_response(body)
+    return json_answer(body)
 
 
-async def ready(request: web.Request) -> web.Response:
+async def ready(request) -> Answer:
     """Readiness, what a load balancer probes: 200 once keys, limits and a routing table
     are loaded; until then 503 with the reason (and after the table arrives, a model
     that is not served is not there, rather than not yet known)."""
     why, body = _state(request)
-    return web.json_response(body, status=503 if why else 200)
+    return json_answer(body, 503 if why else 200)
 
 
-async def metrics_page(request: web.Request) -> web.Response:
+async def metrics_page(request) -> Answer:
     data = prometheus_client.generate_latest()
-    return web.Response(body=data, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+    return Answer(200, data, {"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
 
-async def not_found(request: web.Request) -> web.Response:
+async def not_found(request) -> Answer:
     rid = request_id(request)
     return api_error(
         404,

@@ -10,11 +10,10 @@ import functools
 import json
 import time
 
-from aiohttp import web
-
 from llmgw import log
 from llmgw_router import metrics
 from llmgw_router.errors import Untranslatable, api_error
+from llmgw_router.exchange import Answer, Stream
 from llmgw_router.prefix import cached_tokens
 from llmgw_router.routing import Endpoint
 from llmgw_router.upstream import Response, UpstreamError
@@ -218,7 +217,7 @@ class Call:
         self.completion_tokens = 0
         self.events = 0  # streamed content events, the fallback token count
         self.overhead = 0.0
-        self.resp: web.StreamResponse | None = None  # set once headers went to the client
+        self.resp: Stream | None = None  # set once headers went to the client
         self._keepalive = None
         self._keepalive_task = None
         self._waiting_first = False
@@ -235,7 +234,7 @@ class Call:
 
     # -- the attempt loop ------------------------------------------------------------
 
-    async def run(self, body: bytes) -> web.StreamResponse:
+    async def run(self, body: bytes) -> Answer | Stream:
         proxy, table = self.proxy, self.proxy.table
         tried: list[Endpoint] = []
         last_reason = "no endpoint is available"
@@ -254,7 +253,7 @@ class Call:
                 tried.append(ep)
                 self.endpoint = ep
                 sent = self._translate(ep, body)
-                if isinstance(sent, web.Response):
+                if isinstance(sent, Answer):
                     self._routed(ep)
                     return self._finish(sent)
                 line, sent = sent
@@ -365,7 +364,7 @@ class Call:
         )
         return f"endpoint {ep.id}: {reason[:200]}"
 
-    async def _give_up(self, tried, reason: str) -> web.StreamResponse:
+    async def _give_up(self, tried, reason: str) -> Answer | Stream:
         table = self.proxy.table
         if not tried:
             wait = table.retry_after(self.model, time.monotonic())
@@ -391,7 +390,7 @@ class Call:
 
     # -- relaying --------------------------------------------------------------------
 
-    async def _relay_whole(self, upstream: Response) -> web.StreamResponse | None:
+    async def _relay_whole(self, upstream: Response) -> Answer | Stream | None:
         try:
             data = await upstream.read()
         except UpstreamError as e:
@@ -411,15 +410,15 @@ class Call:
         if self.resp is not None:  # the stream was committed by a keepalive: say it in-band
             await self._write_error_event(error_message(data), upstream.status)
             return self.resp
-        resp = web.Response(
-            body=data,
-            status=upstream.status,
-            headers={"Content-Type": upstream.headers.get("content-type", "application/json")},
+        resp = Answer(
+            upstream.status,
+            data,
+            {"Content-Type": upstream.headers.get("content-type", "application/json")},
         )
         self.overhead += time.perf_counter() - t
         return self._finish(resp)
 
-    async def _relay_stream(self, upstream: Response) -> web.StreamResponse | None:
+    async def _relay_stream(self, upstream: Response) -> Answer | Stream | None:
         self.status = 200
         buf = b""
         done = False
@@ -482,7 +481,7 @@ class Call:
         if hook is not None:
             hook()
 
-    async def _engine_broke(self, err: UpstreamError) -> web.StreamResponse | None:
+    async def _engine_broke(self, err: UpstreamError) -> Answer | Stream | None:
         """The engine failed after it had started answering. Before anything reached the
         client, None: try another endpoint (an engine killed while it read a long prompt
         had sent its stream's headers, and the chaos suite saw that answered 502). After,
@@ -563,20 +562,16 @@ class Call:
 
     # -- writing to the client ---------------------------------------------------------
 
-    async def _ensure_stream(self) -> web.StreamResponse:
+    async def _ensure_stream(self) -> Stream:
         if self.resp is None:
-            resp = web.StreamResponse(
-                status=200,
-                headers=self._client_headers(
-                    {
-                        "Content-Type": "text/event-stream",
-                        "Cache-Control": "no-cache",
-                        "X-Accel-Buffering": "no",
-                    }
-                ),
+            headers = self._client_headers(
+                {
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no",
+                }
             )
-            self.resp = resp
-            await resp.prepare(self.request)
+            self.resp = await self.request.open_stream(200, headers)
         return self.resp
 
     async def _write(self, data: bytes) -> None:
@@ -614,7 +609,7 @@ class Call:
             extra.update(self.headers)
         return extra
 
-    def _finish(self, resp: web.Response) -> web.Response:
+    def _finish(self, resp: Answer) -> Answer:
         resp.headers["x-request-id"] = self.rid
         resp.headers["x-llmgw-served-model"] = self.model
         if self.headers:

@@ -13,9 +13,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from llmgw_router import anthropic, responses, responses_api
+from llmgw_router.exchange import Answer, Stream
 from llmgw_router.proxy import Route
 
 
@@ -117,18 +116,16 @@ def handler(route: Route):
     """The route's handler: the request path, with errors in the API's own shape."""
     reshape = route.dialect.error
 
-    async def handle(request: web.Request) -> web.StreamResponse:
+    async def handle(request) -> Answer | Stream:
         resp = await request.app["proxy"].forward(request, route)
-        if reshape is not None and resp.status >= 400 and isinstance(resp, web.Response):
-            if not resp.prepared and resp.body is not None:
-                try:
-                    body = json.loads(resp.body)
-                except (ValueError, TypeError):
-                    return resp
-                if isinstance(body, dict):
-                    status, shaped = reshape(resp.status, body)
-                    resp.set_status(status)
-                    resp.body = json.dumps(shaped).encode()
+        if reshape is not None and resp.status >= 400 and isinstance(resp, Answer):
+            try:
+                body = json.loads(resp.body)
+            except (ValueError, TypeError):
+                return resp
+            if isinstance(body, dict):
+                resp.status, shaped = reshape(resp.status, body)
+                resp.body = json.dumps(shaped).encode()
         return resp
 
     return handle

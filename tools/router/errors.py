@@ -2,9 +2,8 @@
 
 import json
 
-from aiohttp import web
-
 from llmgw.errors import Error
+from llmgw_router.exchange import Answer
 
 # Statuses where the same request will fail the same way: tell SDKs not to retry.
 _NO_RETRY = frozenset((400, 401, 403, 404, 413))
@@ -23,20 +22,15 @@ def api_error(
     param: str | None = None,
     retry_after: int | None = None,
     retry: bool | None = None,
-) -> web.Response:
+) -> Answer:
     """An error answer; `retry=False` tells SDKs not to retry whatever the status."""
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    headers = {"x-request-id": request_id}
+    headers = {"Content-Type": "application/json", "x-request-id": request_id}
     if retry is False or (retry is None and status in _NO_RETRY):
         headers["x-should-retry"] = "false"
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
-    return web.Response(
-        status=status,
-        body=json.dumps(body).encode(),
-        content_type="application/json",
-        headers=headers,
-    )
+    return Answer(status, json.dumps(body).encode(), headers)
 
 
 class Untranslatable(Error):

@@ -1,6 +1,7 @@
 """llmgw-router's command line."""
 
 import asyncio
+import signal
 import sys
 
 import click
@@ -11,7 +12,8 @@ from llmgw import bus, catalog, cli, log, tls
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import migrate, open_store, redact
-from llmgw_router.app import build
+from llmgw_router import aiohttp_app, http1, metrics
+from llmgw_router.app import Router
 from llmgw_router.feed import Feed
 from llmgw_router.metrics import USAGE_SPOOL_ERRORS
 from llmgw_router.prefix import PrefixIndex
@@ -19,6 +21,8 @@ from llmgw_router.routing import ROUTINGS, Endpoint, RoutingTable, parse_endpoin
 from llmgw_router.spool import Spool, SpoolLocked
 
 _log = log.get("llmgw.router")
+
+TRANSPORTS = ("http1", "aiohttp")
 
 
 @click.command(context_settings=cli.CONTEXT)
@@ -84,6 +88,10 @@ def main(config_path, listen, endpoints):
             )
 
     rc = cfg.router
+    if rc.transport not in TRANSPORTS:
+        raise click.ClickException(
+            f"router.transport = {rc.transport!r}: want one of {', '.join(TRANSPORTS)}"
+        )
     if rc.routing not in ROUTINGS:
         raise click.ClickException(
             f"router.routing = {rc.routing!r}: want one of {', '.join(ROUTINGS)}"
@@ -114,7 +122,7 @@ def main(config_path, listen, endpoints):
             name=cfg.router.bus_name,
             curve_dir=cfg.curve_dir(),
         )
-    app = build(cfg, table, db, feed, spool=spool)
+    router = Router(cfg, table, db, feed, spool=spool)
     _log.info(
         "starting",
         listen=f"{host}:{port}",
@@ -135,18 +143,47 @@ def main(config_path, listen, endpoints):
             ) from None
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
+    if rc.transport == "aiohttp":
+        try:
+            web.run_app(
+                aiohttp_app.build(router),
+                host=host,
+                port=port,
+                ssl_context=ssl_context,
+                loop=loop,
+                print=None,
+                access_log=None,
+                shutdown_timeout=rc.shutdown_grace_s,
+                handler_cancellation=True,
+            )
+        except OSError as e:
+            raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        sys.exit(0)
     try:
-        web.run_app(
-            app,
-            host=host,
-            port=port,
-            ssl_context=ssl_context,
-            loop=loop,
-            print=None,
-            access_log=None,
-            shutdown_timeout=cfg.router.shutdown_grace_s,
-            handler_cancellation=True,
-        )
+        loop.run_until_complete(serve(router, host, port, ssl_context))
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    finally:
+        loop.close()
     sys.exit(0)
+
+
+async def serve(router: Router, host: str, port: int, ssl_context) -> None:
+    """Serve with the http1 transport until SIGTERM or SIGINT, then stop in order: stop
+    listening, let requests under way end (router.shutdown_grace_s), flush usage."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = http1.Server(router.routes, router.state, http1.Limits.of(router.rc))
+    await router.start()
+    try:
+        await server.listen(host, port, ssl=ssl_context)
+    except OSError:
+        await router.stop()
+        raise
+    metrics.CONNECTIONS.set_function(lambda: len(server.conns))
+    await stop.wait()
+    _log.info("stopping", connections=len(server.conns))
+    await server.close(router.rc.shutdown_grace_s)
+    await router.stop()

@@ -28,6 +28,7 @@ TOKENS = Counter(
     "llmgw_router_tokens", "Tokens by model and kind (prompt, completion)", ["model", "kind"]
 )
 IN_FLIGHT = Gauge("llmgw_router_in_flight_requests", "Requests being answered now")
+CONNECTIONS = Gauge("llmgw_router_client_connections", "Client connections open now (http1)")
 UPSTREAM_ERRORS = Counter(
     "llmgw_router_upstream_errors",
     "Failures talking to an engine, by endpoint and kind",

@@ -1,8 +1,7 @@
 """GET /v1/models/{id}: one model's object, for a model the caller's key may use."""
 
-from aiohttp import web
-
 from llmgw_router.errors import api_error
+from llmgw_router.exchange import Answer, Stream, json_answer
 from llmgw_router.proxy import Proxy, no_table, request_id
 
 
@@ -20,11 +19,11 @@ def exists(proxy: Proxy, name: str) -> bool:
     return proxy.policies is not None and proxy.policies.model(name) is not None
 
 
-async def retrieve(request: web.Request) -> web.StreamResponse:
+async def retrieve(request) -> Answer | Stream:
     proxy: Proxy = request.app["proxy"]
     rid = request_id(request)
     key = proxy.authorise(request, rid)
-    if isinstance(key, web.Response):
+    if isinstance(key, Answer):
         return key
     if not proxy.table.has_table and not await proxy.table.wait_table(proxy.table_wait_s):
         return no_table(rid)
@@ -41,4 +40,4 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
             param="model",
         )
     # An alias is answered as its model, the name every answer from it carries.
-    return web.json_response(model_object(proxy.served_name(name)), headers={"x-request-id": rid})
+    return json_answer(model_object(proxy.served_name(name)), headers={"x-request-id": rid})

@@ -15,14 +15,13 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from llmgw import log
 from llmgw.states import ModelState
 from llmgw_router import metrics
 from llmgw_router.admission import Admission
 from llmgw_router.call import CLIENT_CLOSED, Call
 from llmgw_router.errors import api_error
+from llmgw_router.exchange import Answer, BodyTooLarge, Stream, json_answer
 from llmgw_router.keycache import KeyCache
 from llmgw_router.limits import COST_KINDS, Reservation
 from llmgw_router.policy import NOBODY, Policies
@@ -107,7 +106,7 @@ class Proxy:
 
     # -- authorisation ---------------------------------------------------------------
 
-    def authorise(self, request: web.Request, rid: str):
+    def authorise(self, request, rid: str):
         """The caller's Key, or an error response."""
         if not self.keys.loaded.is_set() or (
             self.policies is not None and not self.policies.loaded.is_set()
@@ -145,10 +144,10 @@ class Proxy:
 
     # -- handlers --------------------------------------------------------------------
 
-    async def models(self, request: web.Request) -> web.StreamResponse:
+    async def models(self, request) -> Answer | Stream:
         rid = request_id(request)
         key = self.authorise(request, rid)
-        if isinstance(key, web.Response):
+        if isinstance(key, Answer):
             return key
         if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
             return no_table(rid)
@@ -157,20 +156,20 @@ class Proxy:
             for m in self.table.models()
             if key.allows(m)
         ]
-        return web.json_response({"object": "list", "data": data}, headers={"x-request-id": rid})
+        return json_answer({"object": "list", "data": data}, headers={"x-request-id": rid})
 
-    async def forward(self, request: web.Request, route: Route) -> web.StreamResponse:
+    async def forward(self, request, route: Route) -> Answer | Stream:
         t0 = time.perf_counter()
         rid = request_id(request)
         key = self.authorise(request, rid)
-        if isinstance(key, web.Response):
+        if isinstance(key, Answer):
             return count(key, "", route.path)
         policy = self.policies.policy(key) if self.policies is not None else None
         who = policy.who if policy is not None else NOBODY
         ticket = Ticket(rid, key.id, who, t0, route.path)
 
         parsed = await self.parse(request, route, rid)
-        if isinstance(parsed, web.Response):
+        if isinstance(parsed, Answer):
             return self.reject(parsed, ticket, "")
         payload, body = parsed
         model = payload["model"]
@@ -259,7 +258,9 @@ class Proxy:
             # connection itself, quietly.
             ticket.status = CLIENT_CLOSED
             call = ticket.call
-            return call.resp if call is not None and call.resp is not None else web.Response()
+            return (
+                call.resp if call is not None and call.resp is not None else Answer(CLIENT_CLOSED)
+            )
         finally:
             self.account(ticket, reservation)
 
@@ -385,7 +386,7 @@ class Proxy:
 
         return await self.table.wait_served(model, self.activation_s, refused)
 
-    def not_ready(self, model: str, rid: str) -> web.Response:
+    def not_ready(self, model: str, rid: str) -> Answer:
         """A catalog model with no ready replica: wait for one that is coming, or hear at
         once why one will not come."""
         state, reason = self.table.status(model) or (ModelState.STARTING, "")
@@ -410,7 +411,7 @@ class Proxy:
 
     # -- accounting ----------------------------------------------------------------------
 
-    def reject(self, resp: web.Response, ticket: "Ticket", model: str) -> web.Response:
+    def reject(self, resp: Answer, ticket: "Ticket", model: str) -> Answer:
         """Answer an authenticated request that never reached an engine, and account it."""
         ticket.fail(resp)
         ticket.model = model
@@ -496,13 +497,13 @@ class Proxy:
                 completion_tokens=completion,
             )
 
-    async def parse(self, request: web.Request, route: Route, rid: str):
+    async def parse(self, request, route: Route, rid: str):
         """(payload, raw body) or an error response."""
         if request.content_length is not None and request.content_length > self.max_body:
             return too_large(self.max_body, rid)
         try:
             body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+        except BodyTooLarge:
             return too_large(self.max_body, rid)
         if len(body) > self.max_body:
             return too_large(self.max_body, rid)
@@ -607,7 +608,7 @@ class Ticket:
         self.grade = None  # (ask, body length, prices) the reservation was made at
         self.accounted = False
 
-    def fail(self, resp: web.Response) -> web.Response:
+    def fail(self, resp: Answer) -> Answer:
         self.status = resp.status
         return resp
 
@@ -615,7 +616,7 @@ class Ticket:
 # -- helpers -----------------------------------------------------------------------------
 
 
-def no_table(rid: str) -> web.Response:
+def no_table(rid: str) -> Answer:
     """Before the first routing table, no model can be said not to exist: come back."""
     return api_error(
         503,
@@ -627,7 +628,7 @@ def no_table(rid: str) -> web.Response:
     )
 
 
-def saturated(model: str, rid: str) -> web.Response:
+def saturated(model: str, rid: str) -> Answer:
     return api_error(
         503,
         f"Every replica of '{model}' is busy, and none came free in time.",
@@ -659,7 +660,7 @@ def priced(prices) -> bool:
     return prices is not None and (prices[0] > 0 or prices[1] > 0)
 
 
-def unpriced(model: str, counter, rid: str) -> web.Response:
+def unpriced(model: str, counter, rid: str) -> Answer:
     """A cost budget applies and the model has no prices: its cost could not be counted,
     so the budget could be overspent without a trace. Refused, never admitted at 0."""
     kind, scope, subject = counter.name.split(":", 2)
@@ -674,21 +675,21 @@ def unpriced(model: str, counter, rid: str) -> web.Response:
     )
 
 
-def request_id(request: web.Request) -> str:
+def request_id(request) -> str:
     rid = request.headers.get("x-request-id")
     if rid and len(rid) <= 64 and rid.isascii() and rid.isprintable():
         return rid
     return secrets.token_hex(8)
 
 
-def count(resp: web.Response, model: str, api: str) -> web.Response:
+def count(resp: Answer, model: str, api: str) -> Answer:
     """Count a request answered before it reached an engine."""
     metrics.requests(model, resp.status).inc()
     metrics.api_requests(api, resp.status).inc()
     return resp
 
 
-def too_large(limit: int, rid: str) -> web.Response:
+def too_large(limit: int, rid: str) -> Answer:
     return api_error(
         413,
         f"The request body is larger than {limit} bytes.",

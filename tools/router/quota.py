@@ -7,10 +7,9 @@ import asyncio
 import math
 import time
 
-from aiohttp import web
-
 from llmgw_router import metrics
 from llmgw_router.errors import api_error
+from llmgw_router.exchange import Answer
 from llmgw_router.leases import Leaser
 from llmgw_router.limits import (
     BUDGET_KINDS,
@@ -145,7 +144,7 @@ class Quota:
         return out
 
     @staticmethod
-    def refusal(short: Shortfall, rid: str, headers: dict) -> web.Response:
+    def refusal(short: Shortfall, rid: str, headers: dict) -> Answer:
         """429 for a limit or budget, 503 when more could not be leased from the store."""
         c = short.counter
         scope, subject = c.name.split(":", 2)[1:]

@@ -7,17 +7,16 @@ that made the response: any other gets 404, never the content."""
 import json
 import time
 
-from aiohttp import web
-
 from llmgw_router import responses
 from llmgw_router.conversations import Conversations, Saved
 from llmgw_router.errors import api_error
+from llmgw_router.exchange import Answer, json_answer
 from llmgw_router.proxy import request_id
 
 _COMPLETED = b"event: response.completed"
 
 
-def not_found(rid: str, response_id: str, param: str | None = None) -> web.Response:
+def not_found(rid: str, response_id: str, param: str | None = None) -> Answer:
     return api_error(
         404,
         f"No response with id '{response_id}' was found.",
@@ -28,7 +27,7 @@ def not_found(rid: str, response_id: str, param: str | None = None) -> web.Respo
     )
 
 
-async def _expand(request: web.Request, key, payload: dict, rid: str):
+async def _expand(request, key, payload: dict, rid: str):
     """Put the conversation before previous_response_id into `payload["input"]`:
     (error answer or None, previous id, this request's own input, the context)."""
     convs: Conversations = request.app["conversations"]
@@ -55,14 +54,14 @@ async def _expand(request: web.Request, key, payload: dict, rid: str):
     return None, prev_id, mine, context
 
 
-async def prepare_count(request: web.Request, key, payload: dict, rid: str):
+async def prepare_count(request, key, payload: dict, rid: str):
     """input_tokens counts the whole conversation, as the engine would see it; nothing
     is kept."""
     refused, *_ = await _expand(request, key, payload, rid)
     return refused
 
 
-async def prepare(request: web.Request, key, payload: dict, rid: str):
+async def prepare(request, key, payload: dict, rid: str):
     """Expand previous_response_id into the conversation, and arrange for the answer to
     be kept; None, or an error answer."""
     convs: Conversations = request.app["conversations"]
@@ -140,11 +139,11 @@ def _replace_completed(block: bytes, response: dict) -> bytes:
     return block[: j + 6] + json.dumps(event).encode() + block[end:]
 
 
-async def _mine(request: web.Request):
+async def _mine(request):
     """(request id, the caller's stored response) or an error answer."""
     rid = request_id(request)
     key = request.app["proxy"].authorise(request, rid)
-    if isinstance(key, web.Response):
+    if isinstance(key, Answer):
         return key
     response_id = request.match_info["response_id"]
     saved = await request.app["conversations"].get(response_id, key.id)
@@ -153,21 +152,21 @@ async def _mine(request: web.Request):
     return rid, saved
 
 
-async def retrieve(request: web.Request) -> web.Response:
+async def retrieve(request) -> Answer:
     got = await _mine(request)
-    if isinstance(got, web.Response):
+    if isinstance(got, Answer):
         return got
     rid, saved = got
-    return web.json_response(saved.body, headers={"x-request-id": rid})
+    return json_answer(saved.body, headers={"x-request-id": rid})
 
 
-async def delete(request: web.Request) -> web.Response:
+async def delete(request) -> Answer:
     got = await _mine(request)
-    if isinstance(got, web.Response):
+    if isinstance(got, Answer):
         return got
     rid, saved = got
     request.app["conversations"].delete(saved.id)
-    return web.json_response(
+    return json_answer(
         {"id": saved.id, "object": "response", "deleted": True}, headers={"x-request-id": rid}
     )
 
@@ -185,9 +184,9 @@ def input_item(item: dict, n: int, response_id: str) -> dict:
     return out
 
 
-async def input_items(request: web.Request) -> web.Response:
+async def input_items(request) -> Answer:
     got = await _mine(request)
-    if isinstance(got, web.Response):
+    if isinstance(got, Answer):
         return got
     rid, saved = got
     # Everything the model was given as input: the conversation before, then its own.
@@ -210,4 +209,4 @@ async def input_items(request: web.Request) -> web.Response:
         "last_id": page[-1]["id"] if page else None,
         "has_more": len(listed) > limit,
     }
-    return web.json_response(body, headers={"x-request-id": rid})
+    return json_answer(body, headers={"x-request-id": rid})

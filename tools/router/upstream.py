@@ -234,6 +234,11 @@ class Connection(asyncio.Protocol):
             self.transport = None
 
 
+# Idle connections kept per engine: after a burst of thousands of requests, the rest
+# are closed rather than held open on both sides.
+MAX_IDLE = 256
+
+
 class Response:
     __slots__ = ("conn", "status", "headers", "_timer", "_released")
 
@@ -261,9 +266,10 @@ class Response:
         self._released = True
         self._timer.cancel()
         conn = self.conn
-        if conn.reusable() and not conn.origin.retired:
+        origin = conn.origin
+        if conn.reusable() and not origin.retired and len(origin.idle) < MAX_IDLE:
             conn._reset()
-            conn.origin.idle.append(conn)
+            origin.idle.append(conn)
         else:
             conn.close()
 

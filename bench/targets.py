@@ -467,6 +467,15 @@ class NoSpoolRouter(Router):
     router_extra = "usage_spool = false\n"
 
 
+class AiohttpRouter(Router):
+    """The same router served by aiohttp's server (`router.transport = "aiohttp"`), the
+    transport before http1.py: what the router's own server saves."""
+
+    name = "llmgw-aiohttp"
+    label = "llmgw-router on aiohttp's server"
+    router_extra = 'transport = "aiohttp"\n'
+
+
 class FrontDoorRouter(Router):
     """The same router with a second endpoint, an engine that serves only chat: model
     `bench` answers Anthropic's Messages natively, `bench-chat` through translation."""

@@ -30,6 +30,7 @@ from multidict import CIMultiDict
 from llmgw import log
 from llmgw_router.errors import api_error
 from llmgw_router.exchange import Answer, BodyTooLarge, Stream
+from llmgw_router.proxy import request_id
 
 _log = log.get("llmgw.router")
 
@@ -368,7 +369,7 @@ class Conn(asyncio.Protocol):
                 self._close()
                 return
             got = api_error(500, "The router failed to answer this request.",
-                            "server_error", "internal_error", _rid(req))  # fmt: skip
+                            "server_error", "internal_error", request_id(req))  # fmt: skip
         if isinstance(got, Answer):
             self._answer(req, got)
         elif isinstance(got, _Stream) and not got.ended:
@@ -471,13 +472,6 @@ class Conn(asyncio.Protocol):
 def _whole(answer: Answer) -> bytes:
     framing = b"Content-Length: %d\r\nConnection: close\r\n" % len(answer.body)
     return head(answer.status, answer.headers, framing) + answer.body
-
-
-def _rid(req: Request) -> str:
-    rid = req.headers.get("x-request-id")
-    if rid and len(rid) <= 64 and rid.isascii() and rid.isprintable():
-        return rid
-    return secrets.token_hex(8)
 
 
 class Server:

@@ -211,7 +211,11 @@ class Connection(asyncio.Protocol):
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
             self.waiter = None
-        piece = self.pieces.popleft()
+        pieces = self.pieces
+        # What came while the reader was busy goes on as one piece: one pass through
+        # the relay and one write to the client, not one per engine write.
+        piece = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
+        pieces.clear()
         self.buffered -= len(piece)
         if self.paused and self.buffered < _HIGH_WATER // 2 and self.transport:
             self.paused = False

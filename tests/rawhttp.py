@@ -119,4 +119,5 @@ def request(method: str, path: str, body: bytes = b"", headers: dict | None = No
 
 
 def chunked(*pieces: bytes) -> bytes:
-    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    """A chunked body of `pieces` (an empty piece would end it early: left out)."""
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces if p) + b"0\r\n\r\n"

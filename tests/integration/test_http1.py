@@ -162,6 +162,19 @@ def test_a_client_that_sends_its_head_or_body_too_slowly_is_timed_out(server, co
     assert c.wait_closed()
 
 
+def test_head_is_answered_with_the_head_alone(server, connect):
+    c = connect()
+    c.send(request("HEAD", "/health") + request("GET", "/health"))
+    raw = b""
+    while raw.count(b"HTTP/1.1 200") < 2 or not raw.endswith(b"}"):
+        raw += c.read_raw()
+    head, rest = raw.split(b"\r\n\r\n", 1)
+    length = int(next(v for k, v in (h.split(b": ", 1) for h in head.split(b"\r\n")[1:])
+                      if k.lower() == b"content-length"))  # fmt: skip
+    assert length > 0 and rest.startswith(b"HTTP/1.1 200 OK\r\n"), "no body after HEAD's"
+    assert len(rest.split(b"\r\n\r\n", 1)[1]) == length, "GET's body is what HEAD announced"
+
+
 def test_connection_close_and_http_1_0_are_honoured(server, connect):
     c = connect()
     c.send(request("GET", "/health", headers={"Connection": "close"}))
@@ -272,3 +285,46 @@ def test_the_aiohttp_transport_still_serves_the_same_api(make_router, engine):
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert "aiohttp" in r.headers.get("Server", "")  # it is aiohttp answering
     client.close()
+
+
+_BODIES = st.one_of(
+    st.just(json.dumps(CHAT).encode()),
+    st.builds(lambda n: json.dumps({**CHAT, "max_tokens": n}).encode(), st.integers(-5, 50)),
+    st.binary(max_size=60),
+    st.just(b'{"model": "m"}'),
+    st.just(b"[]"),
+)
+_ONE = st.one_of(
+    st.tuples(st.just("GET"), st.sampled_from(["/health", "/v1/models", "/nope", "/v1/models/m"]),
+              st.just(b"")),
+    st.tuples(st.just("POST"), st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+              _BODIES),
+)  # fmt: skip
+
+
+@settings(max_examples=int(os.environ.get("LLMGW_FUZZ_EXAMPLES", "300")) // 3, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(batch=st.lists(_ONE, min_size=1, max_size=4), chunked_bodies=st.booleans())
+def test_pipelined_requests_of_any_shape_each_get_one_answer_in_order(
+    server, batch, chunked_bodies
+):
+    c = Conn(server.url, timeout=10)
+    try:
+        data = b""
+        for method, path, body in batch:
+            headers = auth(server)
+            if body and chunked_bodies:
+                headers["Transfer-Encoding"] = "chunked"
+                data += request(method, path, headers=headers) + chunked(body[:7], body[7:])
+            else:
+                data += request(method, path, body, headers)
+        c.send(data)
+        replies = c.read(len(batch))
+        for (_, path, _), reply in zip(batch, replies, strict=True):
+            assert 200 <= reply.status < 600
+            if path == "/health":
+                assert reply.json()["status"] == "ok"
+            elif reply.status >= 400:
+                assert "error" in reply.json(), reply.body
+    finally:
+        c.close()

@@ -4,7 +4,9 @@ same, only this adapter differs."""
 
 from aiohttp import web
 
+from llmgw_router.errors import ApiError
 from llmgw_router.exchange import Answer, BodyTooLarge, Stream
+from llmgw_router.proxy import request_id
 
 
 class _Stream(Stream):
@@ -79,7 +81,10 @@ def build(router) -> web.Application:
         req = _Request(request, router.state)
         if info:
             req.match_info = info
-        got = await handler(req)
+        try:
+            got = await handler(req)
+        except ApiError as e:
+            got = e.answer(request_id(req))
         if isinstance(got, Answer):
             return web.Response(status=got.status, body=got.body, headers=got.headers)
         return got.inner

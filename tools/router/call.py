@@ -12,7 +12,7 @@ import time
 
 from llmgw import log
 from llmgw_router import metrics
-from llmgw_router.errors import Untranslatable, api_error
+from llmgw_router.errors import ApiError, Untranslatable, api_error
 from llmgw_router.exchange import Answer, Stream
 from llmgw_router.prefix import cached_tokens
 from llmgw_router.routing import Endpoint
@@ -252,11 +252,12 @@ class Call:
                     break
                 tried.append(ep)
                 self.endpoint = ep
-                sent = self._translate(ep, body)
-                if isinstance(sent, Answer):
+                try:
+                    line, sent = self._translate(ep, body)
+                except ApiError as e:
+                    self.status = e.status
                     self._routed(ep)
-                    return self._finish(sent)
-                line, sent = sent
+                    return self._finish(e.answer(self.rid))
                 ep.outstanding += 1
                 head = b"".join((line, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n"))
                 try:
@@ -308,16 +309,16 @@ class Call:
             out = self.proxy.table.served(ep, self.affinity, self.prompt_tokens, self.cached)
             metrics.prefix_observed(self.model, out, self.prompt_tokens)
 
-    def _translate(self, ep: Endpoint, body: bytes):
+    def _translate(self, ep: Endpoint, body: bytes) -> tuple[bytes, bytes]:
         """(request line, body) for this endpoint: as asked, or translated to chat for an
-        engine known not to serve the path; a 400 naming a field chat cannot carry."""
+        engine known not to serve the path; ApiError (400) naming a field chat cannot
+        carry."""
         dialect = self.route.dialect
         if dialect is None:
             return self.route.head, body
         self.translating = (ep.url, self.route.path) in self.proxy.lacking
         if not self.translating and dialect.without:
-            policies = self.proxy.policies
-            info = policies.model(self.model) if policies is not None else None
+            info = self.proxy.policies.model(self.model)
             self.translating = info is not None and info.engine in dialect.without
         if not self.translating:
             return self.route.head, body
@@ -326,17 +327,15 @@ class Call:
                 json.loads(body), self.proxy.served_name(self.model)
             )
         except Untranslatable as e:
-            self.status = 400
-            return api_error(
+            raise ApiError(
                 400,
                 f"'{e.field}' cannot be carried: this model's engine does not serve"
                 f" {self.route.path}, and its request is translated to chat completions,"
                 " which have no such field.",
                 "invalid_request_error",
                 "unsupported_parameter",
-                self.rid,
                 param=e.field,
-            )
+            ) from None
         return _CHAT_HEAD, json.dumps(self.translator.chat).encode()
 
     def _lacks_path(self, ep: Endpoint, status: int) -> bool:

@@ -13,6 +13,33 @@ class RouterError(Error):
     """The router cannot start."""
 
 
+class ApiError(Exception):
+    """An error answer, raised wherever the request path finds it and answered in
+    OpenAI's shape (or another API's, dialects.py) by whoever serves the request.
+    `retry=False` tells SDKs not to retry whatever the status."""
+
+    def __init__(self, status: int, message: str, type_: str, code: str,
+                 param: str | None = None, retry_after: int | None = None,
+                 retry: bool | None = None, headers: dict | None = None):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type_, code
+        self.param, self.retry_after, self.retry = param, retry_after, retry
+        self.headers = headers or {}
+
+    def answer(self, request_id: str) -> Answer:
+        body = {
+            "error": {"message": self.message, "type": self.type, "param": self.param,
+                      "code": self.code}
+        }  # fmt: skip
+        headers = {"Content-Type": "application/json", "x-request-id": request_id}
+        if self.retry is False or (self.retry is None and self.status in _NO_RETRY):
+            headers["x-should-retry"] = "false"
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        headers.update(self.headers)
+        return Answer(self.status, json.dumps(body).encode(), headers)
+
+
 def api_error(
     status: int,
     message: str,
@@ -23,14 +50,8 @@ def api_error(
     retry_after: int | None = None,
     retry: bool | None = None,
 ) -> Answer:
-    """An error answer; `retry=False` tells SDKs not to retry whatever the status."""
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    headers = {"Content-Type": "application/json", "x-request-id": request_id}
-    if retry is False or (retry is None and status in _NO_RETRY):
-        headers["x-should-retry"] = "false"
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-    return Answer(status, json.dumps(body).encode(), headers)
+    """The answer ApiError(...) would give: for errors answered where they are found."""
+    return ApiError(status, message, type_, code, param, retry_after, retry).answer(request_id)
 
 
 class Untranslatable(Error):

@@ -28,7 +28,7 @@ import httptools
 from multidict import CIMultiDict
 
 from llmgw import log
-from llmgw_router.errors import api_error
+from llmgw_router.errors import ApiError, api_error
 from llmgw_router.exchange import Answer, BodyTooLarge, Stream
 from llmgw_router.proxy import request_id
 
@@ -363,6 +363,8 @@ class Conn(asyncio.Protocol):
             got = await handler(req)
         except asyncio.CancelledError:
             return  # the connection is gone
+        except ApiError as e:
+            got = e.answer(request_id(req))
         except Exception:
             _log.exception("handler_failed", path=req.path)
             if req.answered:

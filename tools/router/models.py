@@ -1,6 +1,6 @@
 """GET /v1/models/{id}: one model's object, for a model the caller's key may use."""
 
-from llmgw_router.errors import api_error
+from llmgw_router.errors import ApiError, api_error
 from llmgw_router.exchange import Answer, Stream, json_answer
 from llmgw_router.proxy import Proxy, no_table, request_id
 
@@ -16,17 +16,18 @@ def exists(proxy: Proxy, name: str) -> bool:
     table = proxy.table
     if table.serves(name) or table.knows(name):
         return True
-    return proxy.policies is not None and proxy.policies.model(name) is not None
+    return proxy.policies.model(name) is not None
 
 
 async def retrieve(request) -> Answer | Stream:
     proxy: Proxy = request.app["proxy"]
     rid = request_id(request)
-    key = proxy.authorise(request, rid)
-    if isinstance(key, Answer):
-        return key
-    if not proxy.table.has_table and not await proxy.table.wait_table(proxy.table_wait_s):
-        return no_table(rid)
+    try:
+        key = proxy.authorise(request)
+        if not proxy.table.has_table and not await proxy.table.wait_table(proxy.table_wait_s):
+            raise no_table()
+    except ApiError as e:
+        return e.answer(rid)
     name = request.match_info["model"]
     # A model the key may not use is not there, for this key: the same 404 as an unknown
     # one, so a key cannot learn what else the fleet serves.

@@ -21,11 +21,11 @@ from llmgw.states import ModelState
 from llmgw_router import metrics
 from llmgw_router.admission import Admission
 from llmgw_router.call import CLIENT_CLOSED, Call
-from llmgw_router.errors import api_error
+from llmgw_router.errors import ApiError, api_error
 from llmgw_router.exchange import Answer, BodyTooLarge, Stream, json_answer
 from llmgw_router.keycache import KeyCache
 from llmgw_router.limits import COST_KINDS, Reservation
-from llmgw_router.policy import NOBODY, Policies
+from llmgw_router.policy import Policies
 from llmgw_router.quota import Quota
 from llmgw_router.routing import RoutingTable
 from llmgw_router.upstream import Pool
@@ -51,8 +51,8 @@ class Route:
     max_tokens_field: str = "max_tokens"  # what bounds the answer ("": nothing does)
     dialect: object = None  # not OpenAI's: how to translate it to chat (dialects.py)
     bills: bool = True  # whether its tokens are counted (counting tokens is not billed)
-    # Called with (request, key, payload, rid) once the key may use the model; may change
-    # the payload (the Responses API's state), or answer an error.
+    # Called with (request, key, payload) once the key may use the model; may change the
+    # payload (the Responses API's state), or raise ApiError.
     prepare: object = None
 
     def __post_init__(self):
@@ -78,11 +78,12 @@ class Proxy:
         max_body_bytes: int,
         retries: int,
         keepalive_interval_s: float,
+        *,
+        policies: Policies,
+        quota: Quota,
+        admission: Admission,
         activation_s: float = 0.0,
         feed=None,
-        policies: Policies | None = None,
-        quota: Quota | None = None,
-        admission: Admission | None = None,
         queue_deadline_s: float = 30.0,
     ):
         self.table = table
@@ -111,17 +112,14 @@ class Proxy:
 
     # -- authorisation ---------------------------------------------------------------
 
-    def authorise(self, request, rid: str):
-        """The caller's Key, or an error response."""
-        if not self.keys.loaded.is_set() or (
-            self.policies is not None and not self.policies.loaded.is_set()
-        ):
-            return api_error(
+    def authorise(self, request):
+        """The caller's Key; ApiError (401, or 503 before keys are loaded) if none."""
+        if not self.keys.loaded.is_set() or not self.policies.loaded.is_set():
+            raise ApiError(
                 503,
                 "API keys and limits are not loaded yet (is the store reachable?)",
                 "server_error",
                 "keys_not_loaded",
-                rid,
                 retry_after=2,
             )
         auth = request.headers.get("Authorization", "")
@@ -129,33 +127,24 @@ class Proxy:
         secret = auth[7:].strip() if auth.startswith("Bearer ") else ""
         secret = secret or request.headers.get("x-api-key", "").strip()
         if not secret:
-            return api_error(
-                401,
-                "Missing API key: send 'Authorization: Bearer <key>'.",
-                "invalid_request_error",
-                "invalid_api_key",
-                rid,
-            )
+            raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>'.",
+                           "invalid_request_error", "invalid_api_key")  # fmt: skip
         key = self.keys.lookup(secret)
         if key is None or (key.expires_at is not None and key.expires_at <= time.time()):
-            return api_error(
-                401,
-                "Invalid, revoked or expired API key.",
-                "invalid_request_error",
-                "invalid_api_key",
-                rid,
-            )
+            raise ApiError(401, "Invalid, revoked or expired API key.",
+                           "invalid_request_error", "invalid_api_key")  # fmt: skip
         return key
 
     # -- handlers --------------------------------------------------------------------
 
-    async def models(self, request) -> Answer | Stream:
+    async def models(self, request) -> Answer:
         rid = request_id(request)
-        key = self.authorise(request, rid)
-        if isinstance(key, Answer):
-            return key
-        if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
-            return no_table(rid)
+        try:
+            key = self.authorise(request)
+            if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
+                raise no_table()
+        except ApiError as e:
+            return e.answer(rid)
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "llmgw"}
             for m in self.table.models()
@@ -166,88 +155,18 @@ class Proxy:
     async def forward(self, request, route: Route) -> Answer | Stream:
         t0 = time.perf_counter()
         rid = request_id(request)
-        key = self.authorise(request, rid)
-        if isinstance(key, Answer):
-            return count(key, "", route.path)
-        policy = self.policies.policy(key) if self.policies is not None else None
-        who = policy.who if policy is not None else NOBODY
-        ticket = Ticket(rid, key.id, who, t0, route.path)
-
-        parsed = await self.parse(request, route, rid)
-        if isinstance(parsed, Answer):
-            return self.reject(parsed, ticket, "")
-        payload, body = parsed
-        model = payload["model"]
-        ticket.model = model
-        if not key.allows(model):
-            return self.reject(
-                api_error(
-                    403,
-                    f"This API key may not use model '{model}'.",
-                    "permission_error",
-                    "model_not_allowed",
-                    rid,
-                    param="model",
-                ),
-                ticket,
-                model,
-            )
-
-        if route.prepare is not None:
-            refused = await route.prepare(request, key, payload, rid)
-            if refused is not None:
-                return self.reject(refused, ticket, model)
-            body = None
-        if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
-            return self.reject(no_table(ticket.rid), ticket, model)
-
+        try:
+            key = self.authorise(request)
+        except ApiError as e:
+            return count(e.answer(rid), "", route.path)
+        policy = self.policies.policy(key)
+        ticket = Ticket(rid, key.id, policy.who, t0, route.path)
+        try:
+            payload, body, reservation = await self.admit(request, route, ticket, key, policy)
+        except ApiError as e:
+            return self.reject(e.answer(rid), ticket, ticket.model)
         stream = payload.get("stream") is True
-        client_usage = True
-        if stream and route.dialect is None:
-            opts = payload.get("stream_options") or {}
-            client_usage = bool(opts.get("include_usage"))
-            if not client_usage:
-                # Always ask for usage: it is what the usage row and budgets count.
-                if body is not None and "stream_options" not in payload:
-                    # The openai client's default: spliced in, not serialised again.
-                    body = ask_usage(body)
-                payload["stream_options"] = {**opts, "include_usage": True}
-
-        reservation = None
-        if policy is not None and policy.limited:
-            max_tokens = 0
-            if route.max_tokens_field and (policy.tokens or policy.costs):
-                max_tokens = payload.get(route.max_tokens_field) or payload.get(
-                    "max_completion_tokens"
-                )
-                if (
-                    not isinstance(max_tokens, int)
-                    or isinstance(max_tokens, bool)
-                    or max_tokens <= 0
-                ):
-                    # Nothing would bound the answer, nor what it spends: bound it.
-                    max_tokens = self.quota.default_max_tokens
-                    payload[route.max_tokens_field] = max_tokens
-                    body = None
-            info = self.policies.model(model)
-            prices = (info.input_per_mtok, info.output_per_mtok) if info else None
-            if policy.costs and not priced(prices):
-                return self.reject(unpriced(model, policy.costs[0], rid), ticket, model)
-            if body is None:  # serialised once, here: the engine gets these bytes
-                body = json.dumps(payload).encode()
-            body_len = len(body)
-            ask = self.quota.ask(policy, body_len, max_tokens, prices)
-            got = self.quota.try_reserve(ask)  # the usual case: no waiting at all
-            if not isinstance(got, Reservation):
-                got = await self.quota.reserve(ask, got)
-            ticket.headers = self.quota.headers(policy)
-            if not isinstance(got, Reservation):
-                return self.reject(self.quota.refusal(got, rid, ticket.headers), ticket, model)
-            reservation = ticket.reservation = got
-            ticket.grade = (ask, body_len, prices)
-        if body is None:
-            body = json.dumps(payload).encode()
-
+        client_usage = ticket.client_usage
         try:
             return await self.answer(request, route, ticket, policy, key, payload, body, stream,
                                      client_usage, reservation)  # fmt: skip
@@ -269,11 +188,71 @@ class Proxy:
         finally:
             self.account(ticket, reservation)
 
+    async def admit(self, request, route: Route, ticket: "Ticket", key, policy):
+        """(payload, the bytes the engine gets, the reservation or None) for a request
+        its key may make, within its limits; ApiError if not."""
+        payload, body = await self.parse(request, route)
+        model = ticket.model = payload["model"]
+        if not key.allows(model):
+            raise ApiError(403, f"This API key may not use model '{model}'.",
+                           "permission_error", "model_not_allowed", param="model")  # fmt: skip
+        if route.prepare is not None:
+            await route.prepare(request, key, payload)
+            body = None
+        if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
+            raise no_table()
+
+        if payload.get("stream") is True and route.dialect is None:
+            opts = payload.get("stream_options") or {}
+            ticket.client_usage = bool(opts.get("include_usage"))
+            if not ticket.client_usage:
+                # Always ask for usage: it is what the usage row and budgets count.
+                if body is not None and "stream_options" not in payload:
+                    # The openai client's default: spliced in, not serialised again.
+                    body = ask_usage(body)
+                payload["stream_options"] = {**opts, "include_usage": True}
+
+        reservation = None
+        if policy.limited:
+            max_tokens = 0
+            if route.max_tokens_field and (policy.tokens or policy.costs):
+                max_tokens = payload.get(route.max_tokens_field) or payload.get(
+                    "max_completion_tokens"
+                )
+                if (
+                    not isinstance(max_tokens, int)
+                    or isinstance(max_tokens, bool)
+                    or max_tokens <= 0
+                ):
+                    # Nothing would bound the answer, nor what it spends: bound it.
+                    max_tokens = self.quota.default_max_tokens
+                    payload[route.max_tokens_field] = max_tokens
+                    body = None
+            info = self.policies.model(model)
+            prices = (info.input_per_mtok, info.output_per_mtok) if info else None
+            if policy.costs and not priced(prices):
+                raise unpriced(model, policy.costs[0])
+            if body is None:  # serialised once, here: the engine gets these bytes
+                body = json.dumps(payload).encode()
+            body_len = len(body)
+            ask = self.quota.ask(policy, body_len, max_tokens, prices)
+            got = self.quota.try_reserve(ask)  # the usual case: no waiting at all
+            if not isinstance(got, Reservation):
+                got = await self.quota.reserve(ask, got)
+            ticket.headers = self.quota.headers(policy)
+            if not isinstance(got, Reservation):
+                raise self.quota.refusal(got, ticket.headers)
+            reservation = ticket.reservation = got
+            ticket.grade = (ask, body_len, prices)
+        if body is None:
+            body = json.dumps(payload).encode()
+        return payload, body, reservation
+
     # -- choosing the model that answers -------------------------------------------------
 
     def candidates(self, model: str, key) -> list[str]:
         """The model asked for, then its fallbacks the key may use."""
-        info = self.policies.model(model) if self.policies is not None else None
+        info = self.policies.model(model)
         if info is None or not info.fallbacks:
             return [model]
         return [model, *(f for f in info.fallbacks if key.allows(f) and f != model)]
@@ -282,7 +261,7 @@ class Proxy:
                      client_usage, reservation=None):  # fmt: skip
         """Try the model, then each fallback, until one answers; the response."""
         names = self.candidates(ticket.model, key)
-        band = policy.band if policy is not None else 0
+        band = policy.band
         # Where the prompt is cached (router.routing = "prefix"); None otherwise.
         affinity = self.table.key(payload, request.headers.get("x-llmgw-session", ""))
         deadline = None
@@ -292,9 +271,7 @@ class Proxy:
             if self.feed is not None:
                 self.feed.used(name, time.time())
             if not self.table.serves(name):
-                known = self.table.knows(name) or (
-                    self.policies is not None and self.policies.model(name) is not None
-                )
+                known = self.table.knows(name) or (self.policies.model(name) is not None)
                 if first and not known:
                     err = ticket.fail(api_error(
                         404, f"The model '{name}' does not exist.", "invalid_request_error",
@@ -310,14 +287,13 @@ class Proxy:
             if not first and reservation is not None and not await self._regrade(ticket, name):
                 self._fell_back(ticket.model, names, i, "budget")
                 continue
-            if self.admission is not None:
-                if deadline is None:
-                    deadline = time.monotonic() + self.queue_deadline_s
-                wait = deadline - time.monotonic() if last or first else 0.0
-                if not await self.admission.enter(name, band, wait):
-                    err = err if err is not None else ticket.fail(saturated(name, ticket.rid))
-                    self._fell_back(ticket.model, names, i, "saturated")
-                    continue
+            if deadline is None:
+                deadline = time.monotonic() + self.queue_deadline_s
+            wait = deadline - time.monotonic() if last or first else 0.0
+            if not await self.admission.enter(name, band, wait):
+                err = err if err is not None else ticket.fail(saturated(name, ticket.rid))
+                self._fell_back(ticket.model, names, i, "saturated")
+                continue
             try:
                 call = Call(self, request, route, ticket.rid, name, stream, client_usage,
                             ticket.t0, ticket.headers)  # fmt: skip
@@ -334,8 +310,7 @@ class Proxy:
                     self.in_flight -= 1
                 ticket.status = call.status
             finally:
-                if self.admission is not None:
-                    self.admission.leave(name)
+                self.admission.leave(name)
             if call.failed_early and not last:
                 self._fell_back(ticket.model, names, i, "failed")
                 err = err if err is not None else resp
@@ -366,7 +341,7 @@ class Proxy:
     def served_name(self, model: str) -> str:
         """The catalog's name for a model or alias (what engines are started as), or the
         name as given for one the catalog does not hold (static endpoints)."""
-        info = self.policies.model(model) if self.policies is not None else None
+        info = self.policies.model(model)
         return info.name if info is not None else model
 
     def _fell_back(self, model: str, names: list, i: int, reason: str) -> None:
@@ -448,7 +423,7 @@ class Proxy:
                 ttft = call.t_first - ticket.t0
         status = ticket.status
         cost = None
-        info = self.policies.model(served) if self.policies is not None and served else None
+        info = self.policies.model(served) if served else None
         prices = (info.input_per_mtok, info.output_per_mtok) if info else None
         if reservation is not None:
             units = self.quota.settle(reservation, prompt, completion, prices)
@@ -502,95 +477,87 @@ class Proxy:
                 completion_tokens=completion,
             )
 
-    async def parse(self, request, route: Route, rid: str):
-        """(payload, raw body) or an error response."""
+    async def parse(self, request, route: Route):
+        """(payload, raw body); ApiError (400, 413) for a body that is not one."""
         if request.content_length is not None and request.content_length > self.max_body:
-            return too_large(self.max_body, rid)
+            raise too_large(self.max_body)
         try:
             body = await request.read()
         except BodyTooLarge:
-            return too_large(self.max_body, rid)
+            raise too_large(self.max_body) from None
         if len(body) > self.max_body:
-            return too_large(self.max_body, rid)
+            raise too_large(self.max_body)
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            return api_error(
+            raise ApiError(
                 400,
                 "The request body is not valid JSON.",
                 "invalid_request_error",
                 "invalid_json",
-                rid,
-            )
+            ) from None
         if not isinstance(payload, dict):
-            return api_error(
+            raise ApiError(
                 400,
                 "The request body must be a JSON object.",
                 "invalid_request_error",
                 "invalid_json",
-                rid,
             )
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             what = "missing" if model is None else "must be a non-empty string"
-            return api_error(
+            raise ApiError(
                 400,
                 f"'model' is {what}.",
                 "invalid_request_error",
                 "invalid_value",
-                rid,
                 param="model",
             )
         field = route.input_field
         value = payload.get(field)
         if value is None:
-            return api_error(
+            raise ApiError(
                 400,
                 f"'{field}' is missing.",
                 "invalid_request_error",
                 "missing_required_parameter",
-                rid,
                 param=field,
             )
         if not isinstance(value, route.input_types) or (isinstance(value, list) and not value):
             kinds = " or ".join(
                 "a non-empty array" if t is list else "a string" for t in route.input_types
             )
-            return api_error(
+            raise ApiError(
                 400,
                 f"'{field}' must be {kinds}.",
                 "invalid_request_error",
                 "invalid_type",
-                rid,
                 param=field,
             )
         if "stream" in payload:
             if not isinstance(payload["stream"], bool):
-                return api_error(
+                raise ApiError(
                     400,
                     "'stream' must be true or false.",
                     "invalid_request_error",
                     "invalid_type",
-                    rid,
                     param="stream",
                 )
             if payload["stream"] and not route.streams:
-                return api_error(
+                raise ApiError(
                     400,
                     f"{route.path} does not stream.",
                     "invalid_request_error",
                     "invalid_value",
-                    rid,
                     param="stream",
                 )
         opts = payload.get("stream_options")
         if opts is not None and not isinstance(opts, dict):
-            return api_error(
+            raise ApiError(
                 400,
                 "'stream_options' must be an object.",
                 "invalid_request_error",
                 "invalid_type",
-                rid,
                 param="stream_options",
             )
         return payload, body
@@ -600,7 +567,7 @@ class Ticket:
     """One client request, across the models tried for it: what its usage row needs."""
 
     __slots__ = ("rid", "key_id", "who", "t0", "model", "status", "call", "headers",
-                 "reservation", "grade", "accounted", "api")  # fmt: skip
+                 "reservation", "grade", "accounted", "api", "client_usage")  # fmt: skip
 
     def __init__(self, rid: str, key_id: str, who, t0: float, api: str | None = None):
         self.rid, self.key_id, self.who, self.t0 = rid, key_id, who, t0
@@ -612,6 +579,7 @@ class Ticket:
         self.reservation = None
         self.grade = None  # (ask, body length, prices) the reservation was made at
         self.accounted = False
+        self.client_usage = True  # a stream's client asked for its usage chunk
 
     def fail(self, resp: Answer) -> Answer:
         self.status = resp.status
@@ -621,14 +589,13 @@ class Ticket:
 # -- helpers -----------------------------------------------------------------------------
 
 
-def no_table(rid: str) -> Answer:
+def no_table() -> ApiError:
     """Before the first routing table, no model can be said not to exist: come back."""
-    return api_error(
+    return ApiError(
         503,
         "The router is starting: it has no routing table from the schedulers yet.",
         "server_error",
         "router_not_ready",
-        rid,
         retry_after=2,
     )
 
@@ -665,17 +632,16 @@ def priced(prices) -> bool:
     return prices is not None and (prices[0] > 0 or prices[1] > 0)
 
 
-def unpriced(model: str, counter, rid: str) -> Answer:
+def unpriced(model: str, counter) -> ApiError:
     """A cost budget applies and the model has no prices: its cost could not be counted,
     so the budget could be overspent without a trace. Refused, never admitted at 0."""
     kind, scope, subject = counter.name.split(":", 2)
-    return api_error(
+    return ApiError(
         403,
         f"The model '{model}' has no prices ([models.pricing]), so the {kind} budget on"
         f" {scope} '{subject}' cannot count what it costs; set its prices to use it.",
         "permission_error",
         "model_not_priced",
-        rid,
         param="model",
     )
 
@@ -701,11 +667,10 @@ def count(resp: Answer, model: str, api: str) -> Answer:
     return resp
 
 
-def too_large(limit: int, rid: str) -> Answer:
-    return api_error(
+def too_large(limit: int) -> ApiError:
+    return ApiError(
         413,
         f"The request body is larger than {limit} bytes.",
         "invalid_request_error",
         "request_too_large",
-        rid,
     )

@@ -8,8 +8,7 @@ import math
 import time
 
 from llmgw_router import metrics
-from llmgw_router.errors import api_error
-from llmgw_router.exchange import Answer
+from llmgw_router.errors import ApiError
 from llmgw_router.leases import Leaser
 from llmgw_router.limits import (
     BUDGET_KINDS,
@@ -144,32 +143,32 @@ class Quota:
         return out
 
     @staticmethod
-    def refusal(short: Shortfall, rid: str, headers: dict) -> Answer:
+    def refusal(short: Shortfall, headers: dict) -> ApiError:
         """429 for a limit or budget, 503 when more could not be leased from the store."""
         c = short.counter
         scope, subject = c.name.split(":", 2)[1:]
         what = f"{_WHAT[c.kind]} on {scope} '{subject}'"
         if c.failed:
             metrics.LIMITS_UNAVAILABLE.inc()
-            resp = api_error(
+            return ApiError(
                 503,
                 f"The allowance for {what} cannot be checked right now (the store is"
                 " unreachable); try again shortly.",
                 "server_error",
                 "limits_unavailable",
-                rid,
                 retry_after=2,
+                headers=headers,
             )
         elif c.kind in BUDGET_KINDS:
             metrics.BUDGET_REJECTIONS.labels(c.kind).inc()
-            resp = api_error(
+            return ApiError(
                 429,
                 f"The budget for {what} is spent (limit {_amount(c, c.limit)}); it renews"
                 f" in {math.ceil(c.reset_in(time.time()))}s.",
                 "insufficient_quota",
                 "insufficient_quota",
-                rid,
                 retry=False,
+                headers=headers,
             )
         else:
             metrics.LIMITED.labels(c.kind).inc()
@@ -180,11 +179,9 @@ class Quota:
                 if too_big
                 else f"Rate limit reached for {what} (limit {c.limit}); try again in {wait}s."
             )
-            resp = api_error(429, message, "requests" if c.kind != "tpm" else "tokens",
-                             "rate_limit_exceeded", rid, retry_after=wait,
-                             retry=False if too_big else None)  # fmt: skip
-        resp.headers.update(headers)
-        return resp
+            return ApiError(429, message, "requests" if c.kind != "tpm" else "tokens",
+                            "rate_limit_exceeded", retry_after=wait,
+                            retry=False if too_big else None, headers=headers)  # fmt: skip
 
 
 def _amount(c, value: int) -> str:

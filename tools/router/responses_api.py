@@ -9,75 +9,68 @@ import time
 
 from llmgw_router import responses
 from llmgw_router.conversations import Conversations, Saved
-from llmgw_router.errors import api_error
+from llmgw_router.errors import ApiError
 from llmgw_router.exchange import Answer, json_answer
 from llmgw_router.proxy import request_id
 
 _COMPLETED = b"event: response.completed"
 
 
-def not_found(rid: str, response_id: str, param: str | None = None) -> Answer:
-    return api_error(
+def not_found(response_id: str, param: str | None = None) -> ApiError:
+    return ApiError(
         404,
         f"No response with id '{response_id}' was found.",
         "invalid_request_error",
         "response_not_found",
-        rid,
         param=param,
     )
 
 
-async def _expand(request, key, payload: dict, rid: str):
+async def _expand(request, key, payload: dict):
     """Put the conversation before previous_response_id into `payload["input"]`:
-    (error answer or None, previous id, this request's own input, the context)."""
+    (previous id, this request's own input, the context); ApiError if it cannot be."""
     convs: Conversations = request.app["conversations"]
     prev_id = payload.pop("previous_response_id", None)
     mine = responses.items(payload["input"])
     context: list = []
     if prev_id is not None:
         if not isinstance(prev_id, str):
-            refused = api_error(
+            raise ApiError(
                 400,
                 "'previous_response_id' must be a string.",
                 "invalid_request_error",
                 "invalid_type",
-                rid,
                 param="previous_response_id",
             )
-            return refused, prev_id, mine, context
         prev = await convs.get(prev_id, key.id)
         if prev is None:
-            return not_found(rid, prev_id, "previous_response_id"), prev_id, mine, context
+            raise not_found(prev_id, "previous_response_id")
         # Instructions are not carried over (as OpenAI's API does it): each request's own.
         context = prev.context + prev.input + responses.history(prev.body.get("output") or [])
     payload["input"] = context + mine
-    return None, prev_id, mine, context
+    return prev_id, mine, context
 
 
-async def prepare_count(request, key, payload: dict, rid: str):
+async def prepare_count(request, key, payload: dict) -> None:
     """input_tokens counts the whole conversation, as the engine would see it; nothing
     is kept."""
-    refused, *_ = await _expand(request, key, payload, rid)
-    return refused
+    await _expand(request, key, payload)
 
 
-async def prepare(request, key, payload: dict, rid: str):
+async def prepare(request, key, payload: dict) -> None:
     """Expand previous_response_id into the conversation, and arrange for the answer to
-    be kept; None, or an error answer."""
+    be kept; ApiError if the request cannot be."""
     convs: Conversations = request.app["conversations"]
     store = payload.pop("store", True)
     if not isinstance(store, bool):
-        return api_error(
+        raise ApiError(
             400,
             "'store' must be true or false.",
             "invalid_request_error",
             "invalid_type",
-            rid,
             param="store",
         )
-    refused, prev_id, mine, context = await _expand(request, key, payload, rid)
-    if refused is not None:
-        return refused
+    prev_id, mine, context = await _expand(request, key, payload)
     model = payload["model"]
 
     def on_answer(data: bytes) -> bytes | None:
@@ -110,7 +103,6 @@ async def prepare(request, key, payload: dict, rid: str):
         return _replace_completed(data, obj)
 
     request["llmgw.on_answer"] = on_answer
-    return None
 
 
 def _json(data: bytes):
@@ -139,32 +131,31 @@ def _replace_completed(block: bytes, response: dict) -> bytes:
     return block[: j + 6] + json.dumps(event).encode() + block[end:]
 
 
-async def _mine(request):
-    """(request id, the caller's stored response) or an error answer."""
-    rid = request_id(request)
-    key = request.app["proxy"].authorise(request, rid)
-    if isinstance(key, Answer):
-        return key
+async def _mine(request) -> Saved:
+    """The caller's stored response; ApiError (401, 404) if there is none."""
+    key = request.app["proxy"].authorise(request)
     response_id = request.match_info["response_id"]
     saved = await request.app["conversations"].get(response_id, key.id)
     if saved is None:
-        return not_found(rid, response_id)
-    return rid, saved
+        raise not_found(response_id)
+    return saved
 
 
 async def retrieve(request) -> Answer:
-    got = await _mine(request)
-    if isinstance(got, Answer):
-        return got
-    rid, saved = got
+    rid = request_id(request)
+    try:
+        saved = await _mine(request)
+    except ApiError as e:
+        return e.answer(rid)
     return json_answer(saved.body, headers={"x-request-id": rid})
 
 
 async def delete(request) -> Answer:
-    got = await _mine(request)
-    if isinstance(got, Answer):
-        return got
-    rid, saved = got
+    rid = request_id(request)
+    try:
+        saved = await _mine(request)
+    except ApiError as e:
+        return e.answer(rid)
     request.app["conversations"].delete(saved.id)
     return json_answer(
         {"id": saved.id, "object": "response", "deleted": True}, headers={"x-request-id": rid}
@@ -185,10 +176,11 @@ def input_item(item: dict, n: int, response_id: str) -> dict:
 
 
 async def input_items(request) -> Answer:
-    got = await _mine(request)
-    if isinstance(got, Answer):
-        return got
-    rid, saved = got
+    rid = request_id(request)
+    try:
+        saved = await _mine(request)
+    except ApiError as e:
+        return e.answer(rid)
     # Everything the model was given as input: the conversation before, then its own.
     listed = [input_item(it, n, saved.id) for n, it in enumerate(saved.context + saved.input)]
     if request.query.get("order", "desc") != "asc":

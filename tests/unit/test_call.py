@@ -113,8 +113,8 @@ def with_usage_on_chunks(block: bytes) -> list[bytes]:
 
 
 def fresh_call(client_usage: bool) -> Call:
-    proxy = SimpleNamespace(served_name=lambda m: m)
-    return Call(proxy, None, CHAT, "rid", "m", True, client_usage, 0.0, {})
+    up = SimpleNamespace(served_name=lambda m: m)
+    return Call(up, None, CHAT, "rid", "m", True, client_usage, 0.0, {})
 
 
 @pytest.mark.parametrize("path", STREAMS, ids=lambda p: p.name)

@@ -187,25 +187,46 @@ def without_usage(event: bytes) -> bytes | None:
     return None  # the only member: not a chunk worth keeping as it is
 
 
+class Upstreams:
+    """What a Call needs of the router: the routing table, the engines' connections,
+    the catalog (for names and engines) and the settings of talking to engines."""
+
+    __slots__ = ("table", "pool", "policies", "retries", "keepalive_s", "lacking")
+
+    def __init__(self, table, pool, policies, retries: int, keepalive_s: float):
+        self.table, self.pool, self.policies = table, pool, policies
+        self.retries, self.keepalive_s = retries, keepalive_s
+        # (endpoint url, path) pairs whose engine does not serve the path: those
+        # requests go to it translated to chat completions (dialects.py).
+        self.lacking: set[tuple[str, str]] = set()
+
+    def served_name(self, model: str) -> str:
+        """The catalog's name for a model or alias (what engines are started as), or the
+        name as given for one the catalog does not hold (static endpoints)."""
+        info = self.policies.model(model)
+        return info.name if info is not None else model
+
+
 class Call:
     """One model's attempt at a request, from choosing an endpoint to the last byte."""
 
     __slots__ = (
-        "proxy", "request", "route", "rid", "model", "stream", "client_usage", "headers",
+        "up", "request", "route", "rid", "model", "stream", "client_usage", "headers",
         "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
         "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
         "before_done", "_broke", "field", "translator", "translating", "affinity", "cached",
     )  # fmt: skip
 
-    def __init__(self, proxy, request, route, rid, model, stream, client_usage, t0, headers):
-        self.proxy = proxy
+    def __init__(self, up: Upstreams, request, route, rid, model, stream, client_usage, t0,
+                 headers):  # fmt: skip
+        self.up = up
         self.request = request
         self.route = route
         self.rid = rid
         self.model = model  # the model this attempt asks: the one that answers, if it does
         # What every answer says in `model`: the served model's name, never the engine's
         # idea of it (llama-server says its weights' path unless given an alias).
-        self.field = model_field(proxy.served_name(model))
+        self.field = model_field(up.served_name(model))
         self.stream = stream
         self.client_usage = client_usage
         self.headers = headers  # sent with the answer, whatever it is (x-ratelimit-*)
@@ -235,14 +256,14 @@ class Call:
     # -- the attempt loop ------------------------------------------------------------
 
     async def run(self, body: bytes) -> Answer | Stream:
-        proxy, table = self.proxy, self.proxy.table
+        up, table = self.up, self.up.table
         tried: list[Endpoint] = []
         last_reason = "no endpoint is available"
         if self.stream:
             self._waiting_first = True
             self._arm_keepalive()
         self.overhead = time.perf_counter() - self.t0
-        attempts = proxy.retries + 1
+        attempts = up.retries + 1
         try:
             while attempts > 0:
                 attempts -= 1
@@ -261,7 +282,7 @@ class Call:
                 ep.outstanding += 1
                 head = b"".join((line, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n"))
                 try:
-                    upstream = await proxy.pool.request(proxy.pool.origin(ep.url), head, sent)
+                    upstream = await up.pool.request(up.pool.origin(ep.url), head, sent)
                 except UpstreamError as e:
                     ep.outstanding -= 1
                     self._routed(ep)
@@ -306,7 +327,7 @@ class Call:
     def _routed(self, ep: Endpoint) -> None:
         """Tell the prefix index the attempt on `ep` ended, and what the engine cached."""
         if self.affinity is not None:
-            out = self.proxy.table.served(ep, self.affinity, self.prompt_tokens, self.cached)
+            out = self.up.table.served(ep, self.affinity, self.prompt_tokens, self.cached)
             metrics.prefix_observed(self.model, out, self.prompt_tokens)
 
     def _translate(self, ep: Endpoint, body: bytes) -> tuple[bytes, bytes]:
@@ -316,16 +337,14 @@ class Call:
         dialect = self.route.dialect
         if dialect is None:
             return self.route.head, body
-        self.translating = (ep.url, self.route.path) in self.proxy.lacking
+        self.translating = (ep.url, self.route.path) in self.up.lacking
         if not self.translating and dialect.without:
-            info = self.proxy.policies.model(self.model)
+            info = self.up.policies.model(self.model)
             self.translating = info is not None and info.engine in dialect.without
         if not self.translating:
             return self.route.head, body
         try:
-            self.translator = dialect.translate(
-                json.loads(body), self.proxy.served_name(self.model)
-            )
+            self.translator = dialect.translate(json.loads(body), self.up.served_name(self.model))
         except Untranslatable as e:
             raise ApiError(
                 400,
@@ -345,14 +364,14 @@ class Call:
             return False
         if self.resp is not None:
             return False
-        self.proxy.lacking.add((ep.url, self.route.path))
+        self.up.lacking.add((ep.url, self.route.path))
         _log.info("engine_lacks_path", endpoint=ep.id, path=self.route.path, status=status)
         return True
 
     def _upstream_failed(self, ep: Endpoint, err, kind: str) -> str:
         reason = str(err) or type(err).__name__
         metrics.UPSTREAM_ERRORS.labels(ep.id, kind).inc()
-        self.proxy.table.failed(ep, time.monotonic())
+        self.up.table.failed(ep, time.monotonic())
         _log.warning(
             "upstream_failed",
             request_id=self.rid,
@@ -364,7 +383,7 @@ class Call:
         return f"endpoint {ep.id}: {reason[:200]}"
 
     async def _give_up(self, tried, reason: str) -> Answer | Stream:
-        table = self.proxy.table
+        table = self.up.table
         if not tried:
             wait = table.retry_after(self.model, time.monotonic())
             message = (
@@ -625,7 +644,7 @@ class Call:
 
     def _arm_keepalive(self) -> None:
         loop = asyncio.get_running_loop()
-        self._keepalive = loop.call_later(self.proxy.keepalive_s, self._keepalive_due)
+        self._keepalive = loop.call_later(self.up.keepalive_s, self._keepalive_due)
 
     def _keepalive_due(self) -> None:
         self._keepalive_task = asyncio.ensure_future(self._send_keepalive())

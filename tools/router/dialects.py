@@ -5,7 +5,7 @@ this module binds them to routes and answers errors in each API's own shape.
 
 An API is passed through where the engine serves its path (llama-server serves
 /v1/messages and /v1/responses natively); the first 404, 405 or 501 an endpoint gives on
-that path is remembered (`Proxy.lacking`), and from then on its requests go to that
+that path is remembered (`Upstreams.lacking`), and from then on its requests go to that
 endpoint as chat completions, translated both ways.
 """
 

@@ -20,7 +20,7 @@ from llmgw import log
 from llmgw.states import ModelState
 from llmgw_router import metrics
 from llmgw_router.admission import Admission
-from llmgw_router.call import CLIENT_CLOSED, Call
+from llmgw_router.call import CLIENT_CLOSED, Call, Upstreams
 from llmgw_router.errors import ApiError, api_error
 from llmgw_router.exchange import Answer, BodyTooLarge, Stream, json_answer
 from llmgw_router.keycache import KeyCache
@@ -91,8 +91,6 @@ class Proxy:
         self.usage = usage
         self.pool = pool
         self.max_body = max_body_bytes
-        self.retries = retries
-        self.keepalive_s = keepalive_interval_s
         self.activation_s = activation_s
         self.feed = feed  # the scheduler feed: wants and activity go through it
         self.policies = policies
@@ -102,9 +100,7 @@ class Proxy:
         # A starting router holds a request this long for its first routing table, so
         # one sent just after a restart is answered rather than told to come back.
         self.table_wait_s = min(activation_s, _TABLE_WAIT_S)
-        # (endpoint url, path) pairs whose engine does not serve the path: those
-        # requests go to it translated to chat completions (dialects.py).
-        self.lacking: set[tuple[str, str]] = set()
+        self.up = Upstreams(table, pool, policies, retries, keepalive_interval_s)
         # Requests with an engine now: a plain count the in-flight gauge reads when
         # scraped, rather than two locked gauge updates on every request.
         self.in_flight = 0
@@ -295,7 +291,7 @@ class Proxy:
                 self._fell_back(ticket.model, names, i, "saturated")
                 continue
             try:
-                call = Call(self, request, route, ticket.rid, name, stream, client_usage,
+                call = Call(self.up, request, route, ticket.rid, name, stream, client_usage,
                             ticket.t0, ticket.headers)  # fmt: skip
                 ticket.call = call
                 call.affinity = affinity
@@ -339,10 +335,7 @@ class Proxy:
         return True
 
     def served_name(self, model: str) -> str:
-        """The catalog's name for a model or alias (what engines are started as), or the
-        name as given for one the catalog does not hold (static endpoints)."""
-        info = self.policies.model(model)
-        return info.name if info is not None else model
+        return self.up.served_name(model)
 
     def _fell_back(self, model: str, names: list, i: int, reason: str) -> None:
         if i + 1 < len(names):

@@ -328,6 +328,7 @@ class Conn(asyncio.Protocol):
         parser = self.parser
         req = Request(self, parser.get_method().decode("latin-1"), self.url,
                       CIMultiDict(self.fields))  # fmt: skip
+        self.url, self.fields = b"", []  # an idle connection keeps nothing of the last
         req.version = parser.get_http_version()
         req.keep_alive = parser.should_keep_alive()
         if req.content_length is not None and req.content_length > self.server.limits.max_body:

@@ -109,9 +109,14 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=10_000)
     ap.add_argument("--timeout-s", type=float, default=10.0)
     args = ap.parse_args()
-    want = args.connections * 2 + 1024  # client and router sockets, and the engine's
+    # The router holds a socket per client and, at the peak, one per request to the
+    # engine; the client and the engine as many each.
+    want = args.connections * 3 + 4096
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(want, hard)), hard))
+    try:  # root may raise the hard limit too (the router's unit says LimitNOFILE=65536)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), max(hard, want)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(want, hard)), hard))
     targets.WORK.mkdir(parents=True, exist_ok=True)
     cpus = targets.os.cpu_count() or 1
     load_cpu, proxy_cpu = (0, 1) if cpus >= 2 else (None, None)

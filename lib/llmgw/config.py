@@ -80,6 +80,8 @@ class RouterConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     idle_timeout_s: float = 75.0
+    # Connections to one engine at most; past it a request waits for one to come free.
+    max_engine_connections: int = 1024
     endpoints: list[EndpointConfig] = field(default_factory=list)
     # The schedulers' routing-table feeds (PUB sockets); empty: static endpoints only.
     schedulers: list[str] = field(default_factory=list)

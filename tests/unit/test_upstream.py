@@ -177,3 +177,31 @@ def test_an_origin_that_left_the_routing_table_is_forgotten_and_its_connections_
             assert pool.origin(srv.url).idle  # an origin that stays keeps its connections
 
     run(main())
+
+
+def test_past_max_conns_requests_wait_for_a_connection_to_come_free():
+    """Six requests at once over at most two connections: none fails, the engine sees
+    two connections, and a connection lost gives its place to the next waiting."""
+
+    async def main():
+        body = b'{"ok": true}'
+        reply = [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body), body]
+        async with Server([reply] * 6 + [None, None, reply]) as srv:
+            srv.pool.max_conns = 2
+            origin = srv.pool.origin(srv.url)
+
+            async def one():
+                resp = await srv.pool.request(origin, HEAD, b"{}")
+                got = await resp.read()
+                resp.release()
+                return resp.status, got
+
+            assert await asyncio.gather(*(one() for _ in range(6))) == [(200, body)] * 6
+            assert srv.connections == 2
+            assert origin.open == 2 and not origin.waiters
+            # The engine closes both kept-alive connections unanswered: their places
+            # come back, so the retry opens a third rather than waiting for ever.
+            assert await asyncio.wait_for(one(), 5) == (200, body)
+            assert srv.connections == 3 and origin.open == 1
+
+    run(main())

@@ -69,7 +69,11 @@ class Router:
             policies.bands, lambda model: capacity(table, policies, model, rc)
         )
         self.prober = probe.Probe(table, rc.engine_probe_s)
-        self.pool = Pool(connect_timeout=rc.connect_timeout_s, total_timeout=rc.upstream_timeout_s)
+        self.pool = Pool(
+            connect_timeout=rc.connect_timeout_s,
+            total_timeout=rc.upstream_timeout_s,
+            max_conns=rc.max_engine_connections,
+        )
         self.conversations = Conversations(db)
         self.proxy = Proxy(
             table,

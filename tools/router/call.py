@@ -19,6 +19,7 @@ from llmgw_router.routing import Endpoint
 from llmgw_router.upstream import Response, UpstreamError
 
 _log = log.get("llmgw.router")
+_last_local_log = [0.0]  # when router_out_of_resources was last logged
 
 # HTTP status recorded for a request whose client went away (nginx's convention).
 CLIENT_CLOSED = 499
@@ -286,6 +287,8 @@ class Call:
                 except UpstreamError as e:
                     ep.outstanding -= 1
                     self._routed(ep)
+                    if e.kind == "local" and self.resp is None:
+                        return self._out_of_resources(ep, e)
                     last_reason = self._upstream_failed(ep, e, e.kind)
                     continue
                 try:
@@ -381,6 +384,21 @@ class Call:
             reason=reason[:200],
         )
         return f"endpoint {ep.id}: {reason[:200]}"
+
+    def _out_of_resources(self, ep: Endpoint, err: UpstreamError) -> Answer:
+        """This router could not open a connection for want of its own resources: 503,
+        and the engine stays in the table (putting it in cooldown for our fault made
+        every request fail for cooldown_s). Logged at most once a second."""
+        metrics.UPSTREAM_ERRORS.labels(ep.id, "local").inc()
+        now = time.monotonic()
+        if now - _last_local_log[0] >= 1.0:
+            _last_local_log[0] = now
+            _log.error("router_out_of_resources", endpoint=ep.id, reason=str(err)[:200],
+                       hint="raise LimitNOFILE, or add routers")  # fmt: skip
+        self.status = 503
+        return self._finish(api_error(
+            503, "The router is out of resources (open files) for the moment; try again.",
+            "server_error", "router_overloaded", self.rid, retry_after=1))  # fmt: skip
 
     async def _give_up(self, tried, reason: str) -> Answer | Stream:
         table = self.up.table

@@ -1,6 +1,7 @@
 """llmgw-router's command line."""
 
 import asyncio
+import resource
 import signal
 import sys
 
@@ -53,6 +54,10 @@ def main(config_path, listen, endpoints):
     except Error as e:
         raise click.ClickException(str(e)) from None
     log.setup("llmgw-router", cfg.log.level)
+    for name in ("max_engine_connections", "max_url_bytes", "max_header_bytes",
+                 "header_timeout_s", "body_timeout_s", "idle_timeout_s"):  # fmt: skip
+        if (value := getattr(cfg.router, name)) <= 0:
+            raise click.ClickException(f"router.{name} = {value}: must be above 0")
     try:
         host, port = cli.parse_listen(listen or cfg.router.listen)
         if endpoints:
@@ -123,6 +128,7 @@ def main(config_path, listen, endpoints):
             curve_dir=cfg.curve_dir(),
         )
     router = Router(cfg, table, db, feed, spool=spool)
+    open_files = raise_open_files()
     _log.info(
         "starting",
         listen=f"{host}:{port}",
@@ -130,6 +136,7 @@ def main(config_path, listen, endpoints):
         endpoints=",".join(e.id for e in eps) or "none",
         usage_spool=str(spool.dir) if spool is not None else "off",
         spool_segments_to_replay=len(spool.leftover) if spool is not None else 0,
+        max_open_files=open_files,
     )
     ssl_context = None
     if cfg.router.tls_cert or cfg.router.tls_key:
@@ -166,6 +173,21 @@ def main(config_path, listen, endpoints):
     finally:
         loop.close()
     sys.exit(0)
+
+
+def raise_open_files() -> int:
+    """Raise the soft limit on open files to the hard one, as far as the router may: each
+    client connection and each engine connection is a file descriptor, and a router
+    that runs out answers 503 until some close. The limit it runs with (LimitNOFILE in
+    the unit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 async def serve(router: Router, host: str, port: int, ssl_context) -> None:

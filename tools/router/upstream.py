@@ -15,22 +15,32 @@ connections per endpoint, one timer per request for its whole deadline.
 
 import asyncio
 import collections
+import errno
 import ssl as ssl_module
 from urllib.parse import urlsplit
 
 
 class UpstreamError(Exception):
-    """Talking to an engine failed; `kind` says how (connect, timeout, closed, protocol)."""
+    """Talking to an engine failed; `kind` says how (connect, timeout, closed, protocol,
+    or local: this router is out of file descriptors or memory, and no engine is to
+    blame)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
 
 
+# A connect that fails for want of something on this machine (file descriptors, socket
+# buffers, local ports): the engine may be fine, and every other one would fail alike.
+_LOCAL_ERRNOS = frozenset(
+    (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL)
+)
+
+
 class Origin:
     """Where an endpoint lives, and the request head bytes that never change for it."""
 
-    __slots__ = ("host", "port", "ssl", "host_header", "idle", "retired")
+    __slots__ = ("host", "port", "ssl", "host_header", "idle", "retired", "open", "waiters")
 
     def __init__(self, url: str):
         parts = urlsplit(url)
@@ -42,6 +52,20 @@ class Origin:
         self.host_header = parts.netloc.encode()
         self.idle: collections.deque[Connection] = collections.deque()
         self.retired = False  # it left the routing table: connections close when done
+        self.open = 0  # connections open or opening, idle or busy
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    def closed_one(self) -> None:
+        """A connection is gone: one waiting for room may open one."""
+        self.open -= 1
+        self.wake_one()
+
+    def wake_one(self) -> None:
+        while self.waiters:
+            w = self.waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
 
 
 # Bytes of body waiting for the caller before we stop reading from the engine.
@@ -52,13 +76,14 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "origin", "transport", "buf", "state", "status", "headers", "remaining", "chunked",
         "keep_alive", "pieces", "buffered", "paused", "waiter", "error", "got_bytes",
-        "complete", "head",
+        "complete", "head", "counted",
     )  # fmt: skip
 
     def __init__(self, origin: Origin):
         self.origin = origin
         self.transport = None
         self.error: UpstreamError | None = None
+        self.counted = False  # holds one of its origin's places (Pool.max_conns)
         self._reset()
 
     def _reset(self) -> None:
@@ -84,6 +109,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.transport = None
+        if self.counted:
+            self.counted = False
+            self.origin.closed_one()
         if not self.complete:
             if self.state == "body" and self.remaining < 0 and not self.chunked:
                 self._done()  # a body that runs until the connection closes
@@ -274,6 +302,7 @@ class Response:
         if conn.reusable() and not origin.retired and len(origin.idle) < MAX_IDLE:
             conn._reset()
             origin.idle.append(conn)
+            origin.wake_one()
         else:
             conn.close()
 
@@ -281,9 +310,15 @@ class Response:
 class Pool:
     """Kept-alive connections per origin; a request takes one or opens a new one."""
 
-    def __init__(self, connect_timeout: float = 3.0, total_timeout: float = 600.0):
+    def __init__(self, connect_timeout: float = 3.0, total_timeout: float = 600.0,
+                 max_conns: int = 1024):  # fmt: skip
         self.connect_timeout = connect_timeout
         self.total_timeout = total_timeout
+        # Connections to one engine at most: past it, a request waits for one to come
+        # free. An engine answers a few requests at once (its slots) and queues the
+        # rest anyway; this keeps a burst of clients from costing a file descriptor
+        # each on both sides.
+        self.max_conns = max_conns
         self._origins: dict[str, Origin] = {}
         self._ssl = None
 
@@ -310,20 +345,30 @@ class Pool:
         ssl = None
         if origin.ssl:
             ssl = self._ssl = self._ssl or ssl_module.create_default_context()
+        origin.open += 1  # held for this connection from now; given back if it fails
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: Connection(origin), origin.host, origin.port, ssl=ssl
                 )
         except TimeoutError:
+            origin.closed_one()
             raise UpstreamError(
                 "timeout",
                 f"connecting to {origin.host}:{origin.port} took over {self.connect_timeout:g}s",
             ) from None
         except OSError as e:
+            origin.closed_one()
+            kind = "local" if e.errno in _LOCAL_ERRNOS else "connect"
             raise UpstreamError(
-                "connect", f"cannot connect to {origin.host}:{origin.port}: {e.strerror or e}"
+                kind, f"cannot connect to {origin.host}:{origin.port}: {e.strerror or e}"
             ) from None
+        except BaseException:
+            origin.closed_one()
+            raise
+        conn.counted = True  # its connection_lost gives the place back
+        if conn.transport is None:  # lost already, before we could say so
+            origin.closed_one()
         return conn
 
     async def request(self, origin: Origin, head: bytes, body: bytes) -> Response:
@@ -340,18 +385,29 @@ class Pool:
                 body,
             )
         )
-        while origin.idle:
-            conn = origin.idle.pop()
-            if conn.transport is None or conn.transport.is_closing():
-                continue
+        while True:
+            while origin.idle:
+                conn = origin.idle.pop()
+                if conn.transport is None or conn.transport.is_closing():
+                    continue
+                try:
+                    return await self._exchange(conn, data)
+                except UpstreamError as e:
+                    # A kept-alive connection the engine had already closed: nothing was
+                    # processed, so try again on another connection.
+                    if e.kind != "closed" or conn.got_bytes:
+                        raise
+            if origin.open < self.max_conns:
+                return await self._exchange(await self._connect(origin), data)
+            # As many connections as allowed are busy: wait for one to come free.
+            waiter = asyncio.get_running_loop().create_future()
+            origin.waiters.append(waiter)
             try:
-                return await self._exchange(conn, data)
-            except UpstreamError as e:
-                # A kept-alive connection the engine had already closed: nothing was
-                # processed, so try again on another connection.
-                if e.kind != "closed" or conn.got_bytes:
-                    raise
-        return await self._exchange(await self._connect(origin), data)
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    origin.wake_one()  # woken, then cancelled: pass the turn on
+                raise
 
     async def _exchange(self, conn: Connection, data: bytes) -> Response:
         loop = asyncio.get_running_loop()

@@ -72,6 +72,18 @@ def test_pipelined_requests_are_answered_in_order(server, connect):
     assert all(r.keep_alive for r in (a, b, s, d, e))
 
 
+def test_more_pipelined_requests_than_are_queued_at_once_are_all_answered(server, connect):
+    """Past 8 queued, the router stops reading the connection until the queue shortens:
+    nothing is lost or reordered."""
+    c = connect()
+    c.send(b"".join(chat(server, max_tokens=n) if n % 3 == 0 else request("GET", "/health")
+                    for n in range(30)))  # fmt: skip
+    replies = c.read(30)
+    assert [r.status for r in replies] == [200] * 30
+    for n, r in enumerate(replies):
+        assert ("usage" in r.json()) == (n % 3 == 0), n
+
+
 def test_a_chunked_request_body_is_read_whole(server, engine, connect):
     body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
     c = connect()

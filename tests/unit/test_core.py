@@ -57,6 +57,8 @@ class Engines:
             await how.wait()
         elif how == "refuse":
             raise UpstreamError("connect", f"cannot connect to {origin}")
+        elif how == "emfile":
+            raise UpstreamError("local", f"cannot connect to {origin}: Too many open files")
         elif isinstance(how, int):
             return Reply(how, b'{"error": {"message": "overloaded", "type": "server_error"}}')
         answer = {
@@ -174,6 +176,18 @@ def test_a_failing_first_endpoint_is_tried_no_more_and_the_next_one_answers():
     assert tried.count("http://e0") == 1, "in cooldown after it failed"
     assert [r.endpoint for r in core.usage.rows] == ["e1", "e1"]
     assert first.headers["x-llmgw-served-model"] == "cheap"
+
+
+def test_the_routers_own_lack_of_file_descriptors_is_a_503_and_blames_no_engine():
+    core = Core([Endpoint("e0", "http://e0", ("cheap",))])
+    secret = core.key("k")
+    core.engines.how["http://e0"] = "emfile"
+    got = run(core.ask(secret))
+    assert got.status == 503 and json.loads(got.body)["error"]["code"] == "router_overloaded"
+    assert got.headers["Retry-After"] == "1"
+    core.engines.how["http://e0"] = "ok"
+    assert run(core.ask(secret)).status == 200, "e0 was not put in cooldown"
+    assert [r.status for r in core.usage.rows] == [503, 200]
 
 
 def test_a_model_whose_engines_all_fail_falls_back_and_the_row_says_who_answered():

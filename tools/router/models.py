@@ -1,8 +1,8 @@
 """GET /v1/models/{id}: one model's object, for a model the caller's key may use."""
 
-from llmgw_router.errors import ApiError, api_error
+from llmgw_router.errors import api_error
 from llmgw_router.exchange import Answer, Stream, json_answer
-from llmgw_router.proxy import Proxy, no_table, request_id
+from llmgw_router.proxy import Proxy, request_id
 
 
 def model_object(name: str) -> dict:
@@ -22,12 +22,7 @@ def exists(proxy: Proxy, name: str) -> bool:
 async def retrieve(request) -> Answer | Stream:
     proxy: Proxy = request.app["proxy"]
     rid = request_id(request)
-    try:
-        key = proxy.authorise(request)
-        if not proxy.table.has_table and not await proxy.table.wait_table(proxy.table_wait_s):
-            raise no_table()
-    except ApiError as e:
-        return e.answer(rid)
+    key = await proxy.caller(request)  # ApiError: answered by the transport
     name = request.match_info["model"]
     # A model the key may not use is not there, for this key: the same 404 as an unknown
     # one, so a key cannot learn what else the fleet serves.

@@ -133,14 +133,17 @@ class Proxy:
 
     # -- handlers --------------------------------------------------------------------
 
+    async def caller(self, request):
+        """The caller's Key, once the routing table is in (what a listing needs);
+        ApiError if there is none or the table does not come."""
+        key = self.authorise(request)
+        if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
+            raise no_table()
+        return key
+
     async def models(self, request) -> Answer:
         rid = request_id(request)
-        try:
-            key = self.authorise(request)
-            if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
-                raise no_table()
-        except ApiError as e:
-            return e.answer(rid)
+        key = await self.caller(request)  # ApiError: answered by the transport
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "llmgw"}
             for m in self.table.models()

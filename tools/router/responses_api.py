@@ -143,19 +143,13 @@ async def _mine(request) -> Saved:
 
 async def retrieve(request) -> Answer:
     rid = request_id(request)
-    try:
-        saved = await _mine(request)
-    except ApiError as e:
-        return e.answer(rid)
+    saved = await _mine(request)  # ApiError: answered by the transport
     return json_answer(saved.body, headers={"x-request-id": rid})
 
 
 async def delete(request) -> Answer:
     rid = request_id(request)
-    try:
-        saved = await _mine(request)
-    except ApiError as e:
-        return e.answer(rid)
+    saved = await _mine(request)  # ApiError: answered by the transport
     request.app["conversations"].delete(saved.id)
     return json_answer(
         {"id": saved.id, "object": "response", "deleted": True}, headers={"x-request-id": rid}
@@ -177,10 +171,7 @@ def input_item(item: dict, n: int, response_id: str) -> dict:
 
 async def input_items(request) -> Answer:
     rid = request_id(request)
-    try:
-        saved = await _mine(request)
-    except ApiError as e:
-        return e.answer(rid)
+    saved = await _mine(request)  # ApiError: answered by the transport
     # Everything the model was given as input: the conversation before, then its own.
     listed = [input_item(it, n, saved.id) for n, it in enumerate(saved.context + saved.input)]
     if request.query.get("order", "desc") != "asc":

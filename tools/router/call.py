@@ -19,7 +19,6 @@ from llmgw_router.routing import Endpoint
 from llmgw_router.upstream import Response, UpstreamError
 
 _log = log.get("llmgw.router")
-_last_local_log = [0.0]  # when router_out_of_resources was last logged
 
 # HTTP status recorded for a request whose client went away (nginx's convention).
 CLIENT_CLOSED = 499
@@ -192,7 +191,8 @@ class Upstreams:
     """What a Call needs of the router: the routing table, the engines' connections,
     the catalog (for names and engines) and the settings of talking to engines."""
 
-    __slots__ = ("table", "pool", "policies", "retries", "keepalive_s", "lacking")
+    __slots__ = ("table", "pool", "policies", "retries", "keepalive_s", "lacking",
+                 "local_logged_at")  # fmt: skip
 
     def __init__(self, table, pool, policies, retries: int, keepalive_s: float):
         self.table, self.pool, self.policies = table, pool, policies
@@ -200,6 +200,7 @@ class Upstreams:
         # (endpoint url, path) pairs whose engine does not serve the path: those
         # requests go to it translated to chat completions (dialects.py).
         self.lacking: set[tuple[str, str]] = set()
+        self.local_logged_at = float("-inf")  # router_out_of_resources: once a second
 
     def served_name(self, model: str) -> str:
         """The catalog's name for a model or alias (what engines are started as), or the
@@ -391,8 +392,8 @@ class Call:
         every request fail for cooldown_s). Logged at most once a second."""
         metrics.UPSTREAM_ERRORS.labels(ep.id, "local").inc()
         now = time.monotonic()
-        if now - _last_local_log[0] >= 1.0:
-            _last_local_log[0] = now
+        if now - self.up.local_logged_at >= 1.0:
+            self.up.local_logged_at = now
             _log.error("router_out_of_resources", endpoint=ep.id, reason=str(err)[:200],
                        hint="raise LimitNOFILE, or add routers")  # fmt: skip
         self.status = 503

@@ -1,9 +1,7 @@
 """OpenAI-shaped error answers, and the router's own exceptions."""
 
-import json
-
 from llmgw.errors import Error
-from llmgw_router.exchange import Answer
+from llmgw_router.exchange import Answer, json_answer
 
 # Statuses where the same request will fail the same way: tell SDKs not to retry.
 _NO_RETRY = frozenset((400, 401, 403, 404, 413))
@@ -31,13 +29,13 @@ class ApiError(Exception):
             "error": {"message": self.message, "type": self.type, "param": self.param,
                       "code": self.code}
         }  # fmt: skip
-        headers = {"Content-Type": "application/json", "x-request-id": request_id}
+        headers = {"x-request-id": request_id}
         if self.retry is False or (self.retry is None and self.status in _NO_RETRY):
             headers["x-should-retry"] = "false"
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)
         headers.update(self.headers)
-        return Answer(self.status, json.dumps(body).encode(), headers)
+        return json_answer(body, self.status, headers)
 
 
 def api_error(

@@ -26,7 +26,6 @@ class Answer:
     """A whole answer, not yet sent: status, headers (written as given) and body."""
 
     __slots__ = ("status", "headers", "body")
-    prepared = False  # not on the wire yet: still free to change
 
     def __init__(self, status: int = 200, body: bytes = b"", headers: dict | None = None):
         self.status = status
@@ -53,7 +52,6 @@ class Stream:
 
     status: int
     headers: dict
-    prepared = True
 
     async def write(self, data: bytes) -> None:  # pragma: no cover - an interface
         raise NotImplementedError

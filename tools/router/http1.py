@@ -6,12 +6,12 @@ complete is served at once, and those pipelined behind it wait their turn, so an
 leave in the order the requests came. Each request is one task; a client that goes
 away cancels it (the engine's request is dropped, its slot freed).
 
-Limits, each answered in OpenAI's shape and the connection closed: a request line over
-router.max_url_bytes (414), a head over router.max_header_bytes (431), a body over
-router.max_body_bytes (413, judged by the handler so it names the limit), a head not
-complete router.header_timeout_s after it began or a body not complete
-router.body_timeout_s after its head (408). An idle keep-alive connection is closed
-after router.idle_timeout_s.
+Limits (the router.* settings, read as they are), each answered in OpenAI's shape and
+the connection closed: a request line over router.max_url_bytes (414), a head over
+router.max_header_bytes (431), a body over router.max_body_bytes (413, judged by the
+handler so it names the limit), a head not complete router.header_timeout_s after it
+began or a body not complete router.body_timeout_s after its head (408). An idle
+keep-alive connection is closed after router.idle_timeout_s.
 
 Backpressure both ways: a client that reads slowly makes Stream.write wait (and so
 the engine is read no faster), and a client that pipelines faster than it is answered
@@ -21,7 +21,6 @@ is not read until the queue shortens.
 import asyncio
 import collections
 import http
-import secrets
 from urllib.parse import parse_qsl
 
 import httptools
@@ -30,7 +29,7 @@ from multidict import CIMultiDict
 from llmgw import log
 from llmgw_router.errors import ApiError, api_error
 from llmgw_router.exchange import Answer, BodyTooLarge, Stream
-from llmgw_router.proxy import request_id
+from llmgw_router.proxy import new_request_id, request_id
 
 _log = log.get("llmgw.router")
 
@@ -66,22 +65,6 @@ def _clean(text: str) -> bool:
     return "\r" not in text and "\n" not in text
 
 
-class Limits:
-    """What a connection may send, and how long it may take (router.* settings)."""
-
-    __slots__ = ("max_url", "max_head", "max_body", "header_s", "body_s", "idle_s")
-
-    def __init__(self, max_url=8192, max_head=16384, max_body=4 << 20, header_s=10.0,
-                 body_s=30.0, idle_s=75.0):  # fmt: skip
-        self.max_url, self.max_head, self.max_body = max_url, max_head, max_body
-        self.header_s, self.body_s, self.idle_s = header_s, body_s, idle_s
-
-    @classmethod
-    def of(cls, rc) -> "Limits":
-        return cls(rc.max_url_bytes, rc.max_header_bytes, rc.max_body_bytes,
-                   rc.header_timeout_s, rc.body_timeout_s, rc.idle_timeout_s)  # fmt: skip
-
-
 class _TooLong(Exception):
     def __init__(self, status: int, what: str):
         super().__init__(what)
@@ -94,7 +77,7 @@ class Request:
     __slots__ = ("conn", "app", "method", "path", "query_string", "headers", "match_info",
                  "content_length", "keep_alive", "version", "parts", "size", "complete",
                  "too_large", "waiter", "expect", "values", "head_only", "answered",
-                 "stream", "_query")  # fmt: skip
+                 "_query")  # fmt: skip
 
     def __init__(self, conn: "Conn", method: str, url: bytes, headers: CIMultiDict):
         self.conn = conn
@@ -119,7 +102,6 @@ class Request:
         self.values: dict = {}
         self.head_only = method == "HEAD"
         self.answered = False  # some of the answer went out
-        self.stream: _Stream | None = None
 
     @property
     def query(self) -> dict:
@@ -147,8 +129,7 @@ class Request:
             framing += b"Connection: close\r\n"
         self.answered = True
         self.conn.write(head(status, headers, framing))
-        self.stream = _Stream(self, status, headers, chunked)
-        return self.stream
+        return _Stream(self, status, headers, chunked)
 
     def get(self, name, default=None):
         return self.values.get(name, default)
@@ -160,7 +141,7 @@ class Request:
         if self.too_large:
             return
         self.size += len(data)
-        if self.size > self.conn.server.limits.max_body:
+        if self.size > self.conn.server.rc.max_body_bytes:
             self.too_large = True
             self.parts = []
             self.keep_alive = False
@@ -242,7 +223,7 @@ class Conn(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.server.conns.add(self)
-        self.deadline = self.server.loop.time() + self.server.limits.idle_s
+        self.deadline = self.server.loop.time() + self.server.rc.idle_timeout_s
 
     def connection_lost(self, exc) -> None:
         self.transport = None
@@ -283,13 +264,13 @@ class Conn(asyncio.Protocol):
         if self.in_head:
             # The parser keeps a header's pieces until the header ends: bound them here.
             self.head_bytes += len(data)
-            if self.head_bytes > self.server.limits.max_head + self.server.limits.max_url:
+            if self.head_bytes > self.server.rc.max_header_bytes + self.server.rc.max_url_bytes:
                 self._refuse(431, "The request's headers are too large.", "headers_too_large")
                 return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._stop_reading()  # no upgrades: answer what came, then close
+            self._pause_reading()  # no upgrades: answer what came, then close
             if self.serving is not None:
                 self.serving.keep_alive = False
         except httptools.HttpParserCallbackError as e:
@@ -309,17 +290,17 @@ class Conn(asyncio.Protocol):
         self.url = b""
         self.fields = []
         self.head_bytes = self.field_bytes = 0
-        self.deadline = self.server.loop.time() + self.server.limits.header_s
+        self.deadline = self.server.loop.time() + self.server.rc.header_timeout_s
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        if len(self.url) > self.server.limits.max_url:
+        if len(self.url) > self.server.rc.max_url_bytes:
             raise _TooLong(414, "The request line is too long.")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.fields.append((name.decode("latin-1"), value.decode("latin-1")))
         self.field_bytes += len(name) + len(value) + 4
-        if self.field_bytes > self.server.limits.max_head or len(self.fields) > 200:
+        if self.field_bytes > self.server.rc.max_header_bytes or len(self.fields) > 200:
             raise _TooLong(431, "The request's headers are too large.")
 
     def on_headers_complete(self) -> None:
@@ -331,11 +312,11 @@ class Conn(asyncio.Protocol):
         self.url, self.fields = b"", []  # an idle connection keeps nothing of the last
         req.version = parser.get_http_version()
         req.keep_alive = parser.should_keep_alive()
-        if req.content_length is not None and req.content_length > self.server.limits.max_body:
+        if req.content_length is not None and req.content_length > self.server.rc.max_body_bytes:
             req.too_large = True
             req.keep_alive = False
         self.receiving = req
-        self.deadline = self.server.loop.time() + self.server.limits.body_s
+        self.deadline = self.server.loop.time() + self.server.rc.body_timeout_s
         if self.serving is None:
             self._serve(req)
         else:
@@ -412,16 +393,15 @@ class Conn(asyncio.Protocol):
             self._close()
             return
         if self.receiving is None and not self.in_head:
-            self.deadline = self.server.loop.time() + self.server.limits.idle_s
+            self.deadline = self.server.loop.time() + self.server.rc.idle_timeout_s
 
     # -- refusing and closing ------------------------------------------------------------
 
     def _refuse(self, status: int, message: str, code: str) -> None:
         """A request that cannot be parsed or is over a limit: answered after the ones
         before it, then the connection closes."""
-        rid = secrets.token_hex(8)
-        self.broken = api_error(status, message, "invalid_request_error", code, rid)
-        self._stop_reading()
+        self.broken = api_error(status, message, "invalid_request_error", code, new_request_id())
+        self._pause_reading()
         cut, self.receiving = self.receiving, None
         if cut is not None and cut is self.serving:
             # Its body broke off: it is the one answered, now.
@@ -433,7 +413,7 @@ class Conn(asyncio.Protocol):
             self.write(_whole(self.broken))
             self._close()
 
-    def timed_out(self, now: float) -> None:
+    def timed_out(self) -> None:
         """Called by the sweep: a wait ran out."""
         if self.serving is not None and self.receiving is not self.serving:
             return  # being answered: the engine's timeouts apply, not ours
@@ -442,7 +422,7 @@ class Conn(asyncio.Protocol):
             if self.serving is None or not self.serving.answered:
                 self.broken = api_error(408, f"The request's {what} came too slowly.",
                                         "invalid_request_error", "request_timeout",
-                                        secrets.token_hex(8))  # fmt: skip
+                                        new_request_id())  # fmt: skip
                 self.write(_whole(self.broken))
         self._close()
 
@@ -454,9 +434,6 @@ class Conn(asyncio.Protocol):
         self.closing = True
         if self.transport is not None:
             self.transport.close()  # after what is buffered has gone
-
-    def _stop_reading(self) -> None:
-        self._pause_reading()
 
     def _pause_reading(self) -> None:
         if not self.paused_reading and self.transport is not None:
@@ -480,25 +457,24 @@ def _whole(answer: Answer) -> bytes:
 class Server:
     """The listening socket, its connections and their deadlines."""
 
-    def __init__(self, routes, state: dict, limits: Limits):
-        self.routes, self.state, self.limits = routes, state, limits
+    def __init__(self, routes, state: dict, rc):
+        self.routes, self.state, self.rc = routes, state, rc  # rc: the [router] settings
         self.conns: set[Conn] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.server: asyncio.AbstractServer | None = None
         self._sweep = None
 
-    async def listen(self, host: str, port: int, ssl=None, sock=None) -> None:
+    async def listen(self, host: str, port: int, ssl=None) -> None:
         self.loop = asyncio.get_running_loop()
         self.server = await self.loop.create_server(
-            lambda: Conn(self), host=None if sock else host, port=None if sock else port,
-            ssl=ssl, sock=sock, backlog=4096, reuse_address=True,
-        )  # fmt: skip
+            lambda: Conn(self), host, port, ssl=ssl, backlog=4096, reuse_address=True
+        )
         self._sweep = self.loop.call_later(_SWEEP_S, self.sweep)
 
     def sweep(self) -> None:
         now = self.loop.time()
         for conn in [c for c in self.conns if c.deadline < now]:
-            conn.timed_out(now)
+            conn.timed_out()
         self._sweep = self.loop.call_later(_SWEEP_S, self.sweep)
 
     async def close(self, grace_s: float) -> None:

@@ -197,7 +197,7 @@ async def serve(router: Router, host: str, port: int, ssl_context) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = http1.Server(router.routes, router.state, http1.Limits.of(router.rc))
+    server = http1.Server(router.routes, router.state, router.rc)
     await router.start()
     try:
         await server.listen(host, port, ssl=ssl_context)

@@ -165,20 +165,18 @@ class Proxy:
         except ApiError as e:
             return self.reject(e.answer(rid), ticket, ticket.model)
         stream = payload.get("stream") is True
-        client_usage = ticket.client_usage
         try:
             return await self.answer(request, route, ticket, policy, key, payload, body, stream,
-                                     client_usage, reservation)  # fmt: skip
+                                     reservation)  # fmt: skip
         except asyncio.CancelledError:
-            # The client went away and aiohttp cancelled the handler. Leaving here closes
-            # the upstream response, so the engine frees its slot.
+            # The client went away and the transport cancelled the handler. Leaving here
+            # closes the upstream response, so the engine frees its slot.
             ticket.status = CLIENT_CLOSED
             raise
         except ConnectionError:
-            # The client went away while we wrote to it. Raised on, aiohttp would log
-            # "Error handling request" and a traceback after our client_disconnected;
-            # handing back the response it already has lets it see the closed
-            # connection itself, quietly.
+            # The client went away while we wrote to it. Raised on, the transport would
+            # log a traceback after our client_disconnected; handing back the stream it
+            # already has lets it see the closed connection itself, quietly.
             ticket.status = CLIENT_CLOSED
             call = ticket.call
             return (
@@ -257,7 +255,7 @@ class Proxy:
         return [model, *(f for f in info.fallbacks if key.allows(f) and f != model)]
 
     async def answer(self, request, route, ticket, policy, key, payload, body, stream,
-                     client_usage, reservation=None):  # fmt: skip
+                     reservation=None):  # fmt: skip
         """Try the model, then each fallback, until one answers; the response."""
         names = self.candidates(ticket.model, key)
         band = policy.band
@@ -294,7 +292,7 @@ class Proxy:
                 self._fell_back(ticket.model, names, i, "saturated")
                 continue
             try:
-                call = Call(self.up, request, route, ticket.rid, name, stream, client_usage,
+                call = Call(self.up, request, route, ticket.rid, name, stream, ticket.client_usage,
                             ticket.t0, ticket.headers)  # fmt: skip
                 ticket.call = call
                 call.affinity = affinity
@@ -648,12 +646,16 @@ _RID_PREFIX = secrets.token_hex(4)
 _rid_seq = itertools.count(1)
 
 
+def new_request_id() -> str:
+    return f"{_RID_PREFIX}{next(_rid_seq) & 0xFFFFFFFF:08x}"
+
+
 def request_id(request) -> str:
     """The client's x-request-id if it is a sane one, else one of ours."""
     rid = request.headers.get("x-request-id")
     if rid and len(rid) <= 64 and rid.isascii() and rid.isprintable():
         return rid
-    return f"{_RID_PREFIX}{next(_rid_seq) & 0xFFFFFFFF:08x}"
+    return new_request_id()
 
 
 def count(resp: Answer, model: str, api: str) -> Answer:

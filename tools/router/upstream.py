@@ -341,34 +341,38 @@ class Pool:
                 origin.idle.pop().close()
 
     async def _connect(self, origin: Origin) -> Connection:
+        origin.open += 1  # held for this connection from now; given back if it fails
+        try:
+            conn = await self._open(origin)
+        except BaseException:
+            origin.closed_one()
+            raise
+        if conn.transport is None:  # lost already, before it could hold the place
+            origin.closed_one()
+        else:
+            conn.counted = True  # its connection_lost gives the place back
+        return conn
+
+    async def _open(self, origin: Origin) -> Connection:
         loop = asyncio.get_running_loop()
         ssl = None
         if origin.ssl:
             ssl = self._ssl = self._ssl or ssl_module.create_default_context()
-        origin.open += 1  # held for this connection from now; given back if it fails
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: Connection(origin), origin.host, origin.port, ssl=ssl
                 )
         except TimeoutError:
-            origin.closed_one()
             raise UpstreamError(
                 "timeout",
                 f"connecting to {origin.host}:{origin.port} took over {self.connect_timeout:g}s",
             ) from None
         except OSError as e:
-            origin.closed_one()
             kind = "local" if e.errno in _LOCAL_ERRNOS else "connect"
             raise UpstreamError(
                 kind, f"cannot connect to {origin.host}:{origin.port}: {e.strerror or e}"
             ) from None
-        except BaseException:
-            origin.closed_one()
-            raise
-        conn.counted = True  # its connection_lost gives the place back
-        if conn.transport is None:  # lost already, before we could say so
-            origin.closed_one()
         return conn
 
     async def request(self, origin: Origin, head: bytes, body: bytes) -> Response:

@@ -37,6 +37,8 @@ def eventually(cond, timeout: float = 10.0, interval: float = 0.05, what: str = 
 # ("Address already in use"). Never the same port twice in one run, either.
 _PORTS = random.Random()
 _GIVEN: set[int] = set()
+_RANGES = (10_000, 20_000)  # free_range's ports; free_port's are 20000-32000
+_range_next = _RANGES[0] + _PORTS.randrange(0, 9_000)  # apart from another session's
 
 
 def free_port() -> int:
@@ -56,15 +58,32 @@ def free_port() -> int:
 
 
 def free_range(n: int = 21) -> tuple[int, int]:
-    """`n` consecutive free ports (an agent's engine range), none handed out again."""
-    for _ in range(1000):
-        lo = free_port()
-        block = range(lo + 1, lo + n)
-        if any(p in _GIVEN for p in block):
+    """`n` consecutive free ports (an agent's engine range), none handed out again.
+
+    Ranges come from 10000-19999, apart from free_port's single ports (20000-32000):
+    picked among those, a whole session's scattered singles left ever fewer gaps of 21
+    and a late test could find none (seen in CI). Each port is checked bindable."""
+    global _range_next
+    tries = 0
+    while tries < (_RANGES[1] - _RANGES[0]) // n:
+        tries += 1
+        lo = _range_next
+        _range_next = lo + n if lo + 2 * n <= _RANGES[1] else _RANGES[0]
+        block = range(lo, lo + n)
+        if any(p in _GIVEN or not _bindable(p) for p in block):
             continue
         _GIVEN.update(block)
         return lo, lo + n - 1
     raise RuntimeError(f"no {n} free consecutive loopback ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class Proc:

@@ -17,6 +17,8 @@ KINDS = {
     "CounterMetricFamily": ("_total", "_created"),
     "Histogram": ("_bucket", "_sum", "_count", "_created"),
     "HistogramMetricFamily": ("_bucket", "_sum", "_count", "_created"),
+    "LoopCounter": ("_total", "_created"),
+    "LoopHistogram": ("_bucket", "_sum", "_count"),
     "Summary": ("", "_sum", "_count", "_created"),
     "SummaryMetricFamily": ("", "_sum", "_count", "_created"),
     "Info": ("_info",),

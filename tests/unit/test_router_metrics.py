@@ -30,3 +30,36 @@ def test_a_models_children_are_its_own_series():
     assert sample("llmgw_router_tokens_total", model="cache-served", kind="completion") == 5
     assert sample("llmgw_router_request_duration_seconds_count", model="cache-served") == 1
     assert sample("llmgw_router_time_to_first_token_seconds_count", model="cache-served") == 0
+
+
+def test_loop_histogram_counts_as_prometheus_client_would():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    ours_reg, theirs_reg = CollectorRegistry(), CollectorRegistry()
+    ours = metrics.LoopHistogram("h_seconds", "h", ["m"], buckets=(0.1, 1, 5), registry=ours_reg)
+    theirs = Histogram("h_seconds", "h", ["m"], buckets=(0.1, 1, 5), registry=theirs_reg)
+    for value in (0.05, 0.1, 0.5, 1.0, 1.5, 5.0, 7.0, 0.0):  # bounds themselves included
+        ours.labels("a").observe(value)
+        theirs.labels("a").observe(value)
+    for le in ("0.1", "1.0", "5.0", "+Inf"):
+        got = ours_reg.get_sample_value("h_seconds_bucket", {"m": "a", "le": le})
+        assert got == theirs_reg.get_sample_value("h_seconds_bucket", {"m": "a", "le": le}), le
+    for suffix in ("_count", "_sum"):
+        got = ours_reg.get_sample_value("h_seconds" + suffix, {"m": "a"})
+        assert got == theirs_reg.get_sample_value("h_seconds" + suffix, {"m": "a"})
+
+
+def test_loop_counter_refuses_the_wrong_labels_and_counts_per_child():
+    import pytest
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    c = metrics.LoopCounter("c_things", "c", ["a", "b"], registry=reg)
+    with pytest.raises(ValueError):
+        c.labels("only-one")
+    c.labels("x", 1).inc()
+    c.labels("x", "1").inc(2)  # label values are strings, as in prometheus_client
+    c.labels("y", 1).inc()
+    assert reg.get_sample_value("c_things_total", {"a": "x", "b": "1"}) == 3
+    assert reg.get_sample_value("c_things_total", {"a": "y", "b": "1"}) == 1
+    assert reg.get_sample_value("c_things_created", {"a": "x", "b": "1"}) > 0

@@ -68,7 +68,7 @@ def test_rows_recorded_after_a_rotation_wait_in_the_next_segment(tmp_path, db):
     sp.rotate()  # the writer has closed the segment and is committing it...
     writer.record(row("r2"))  # ...while the event loop records another
     [first] = sp.closed()
-    writer._insert(spoolmod.read(first)[0])
+    writer._insert(first.load()[0])
     sp.remove(first)
     assert request_ids() == ["r1"]
     assert lines_on_disk(sp.dir) == 1
@@ -92,7 +92,7 @@ def test_a_spool_left_by_a_crash_is_replayed_at_start_without_duplicates(tmp_pat
     # The writer committed the segment and the router died before removing it...
     sp.rotate()
     [segment] = sp.closed()
-    writer._insert(spoolmod.read(segment)[0])
+    writer._insert(segment.load()[0])
     for i in range(5, 8):
         writer.record(row(f"r{i}"))  # ...with these not committed at all.
     crash(sp)
@@ -124,7 +124,7 @@ def test_a_torn_last_line_is_skipped_with_a_log_line(tmp_path, db, caplog):
         r.getMessage() for r in caplog.records if "usage_spool_replayed" in r.getMessage()
     )
     # The new run's segments are numbered after what it found.
-    assert sp._active.name == "usage-00000008.spool"
+    assert sp._active.path.name == "usage-00000008.spool"
 
 
 def test_an_unwritable_spool_directory_is_counted_and_its_rows_wait_in_memory(tmp_path, db):
@@ -191,12 +191,34 @@ def test_rows_left_when_the_store_is_down_at_exit_stay_in_the_spool(tmp_path, db
 
 
 def test_a_spool_left_by_a_router_from_before_the_api_column_is_replayed_without_it(tmp_path, db):
-    writer, sp, _ = make(tmp_path / "spool", db)
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    # A line as a router before m014 wrote it: no api after its row_id.
+    old = spoolmod.encode(row("old").values("oldrouter1")[:-1])
+    (directory / "usage-00000001.spool").write_bytes(old)
+    writer, sp, _ = make(directory, db)
     new = row("new")
     new.api = "/v1/messages"
     writer.record(new)
-    # A line as a router before m014 wrote it: no api after its row_id.
-    sp.append(spoolmod.encode(row("old").values("oldrouter1")[:-1]))
     writer.flush()
     apis = {r.request_id: r.api for r in Usage.select(Usage.request_id, Usage.api)}
     assert apis == {"new": "/v1/messages", "old": None}
+
+
+def test_rows_past_what_memory_holds_are_read_back_from_disk(tmp_path, db, monkeypatch):
+    monkeypatch.setattr(spoolmod, "HELD_ROWS", 3)
+    writer, sp, _ = make(tmp_path / "spool", db)
+    for i in range(2):
+        writer.record(row(f"a{i}"))
+    sp.rotate()
+    for i in range(2):  # the fourth row is past HELD_ROWS: this segment is read from disk
+        writer.record(row(f"b{i}"))
+    sp.rotate()
+    first, second = sp.closed()
+    assert first.rows is not None and len(first.rows) == 2
+    assert second.rows is None
+    assert writer.flush() == 4
+    assert request_ids() == ["a0", "a1", "b0", "b1"]
+    assert sp._held == 0  # what was committed is let go
+    writer.record(row("c0"))  # and memory takes rows again
+    assert sp._active.rows is not None and len(sp._active.rows) == 1

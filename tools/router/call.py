@@ -13,7 +13,7 @@ import time
 from llmgw import log
 from llmgw_router import metrics
 from llmgw_router.errors import ApiError, Untranslatable, api_error
-from llmgw_router.exchange import Answer, Stream
+from llmgw_router.exchange import Answer, Stream, loads
 from llmgw_router.prefix import cached_tokens
 from llmgw_router.routing import Endpoint
 from llmgw_router.upstream import Response, UpstreamError
@@ -293,7 +293,8 @@ class Call:
                     last_reason = self._upstream_failed(ep, e, e.kind)
                     continue
                 try:
-                    await self._settle()
+                    if self._keepalive_task is not None:
+                        await self._settle()
                     if self._lacks_path(ep, upstream.status):
                         await upstream.read()
                         tried.pop()  # the same endpoint again, in chat: not a failure
@@ -321,7 +322,8 @@ class Call:
                     self.cached = None
                     ep.last_used = time.monotonic()
                     upstream.release()
-            await self._settle()
+            if self._keepalive_task is not None:
+                await self._settle()
             return await self._give_up(tried, last_reason)
         finally:
             self._stop_keepalive()
@@ -432,7 +434,8 @@ class Call:
             data = await upstream.read()
         except UpstreamError as e:
             return await self._engine_broke(e)
-        await self._settle()
+        if self._keepalive_task is not None:
+            await self._settle()
         t = time.perf_counter()
         self.status = upstream.status
         if upstream.status == 200:
@@ -578,7 +581,7 @@ class Call:
 
     def _take_usage(self, data: bytes) -> None:
         try:
-            answer = json.loads(data)
+            answer = loads(data)
             usage = answer.get("usage")
         except (ValueError, AttributeError):
             return
@@ -612,7 +615,8 @@ class Call:
         return self.resp
 
     async def _write(self, data: bytes) -> None:
-        await self._settle()
+        if self._keepalive_task is not None:
+            await self._settle()
         resp = self.resp or await self._ensure_stream()
         await resp.write(data)
 
@@ -684,7 +688,8 @@ class Call:
             self._keepalive = None
 
     async def _settle(self) -> None:
-        """Let a keepalive write under way finish, so two writers never interleave."""
+        """Let a keepalive write under way finish, so two writers never interleave.
+        (Callers look at _keepalive_task first: most requests never had one.)"""
         task = self._keepalive_task
         if task is not None and not task.done() and task is not asyncio.current_task():
             await asyncio.shield(task)

@@ -18,6 +18,17 @@ What the core reads of a request, whichever transport made it:
 import json
 
 
+def loads(data: bytes):
+    """json.loads of an HTTP body. UTF-8, what JSON on the wire is, is decoded at once
+    (json.loads of bytes first sniffs among UTF-8, -16 and -32, a cost on every
+    request); anything else is left to json.loads as before."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return json.loads(data)
+    return json.loads(text)
+
+
 class BodyTooLarge(Exception):
     """The request body is over the router's limit (router.max_body_bytes)."""
 

@@ -1,4 +1,5 @@
-"""API keys in memory: the request path checks a key with one hash and one dict lookup.
+"""API keys in memory: the request path checks a key with (at most) one hash and a dict
+lookup.
 
 A background worker mirrors the store's keys into memory and then polls for changes
 (`updated_at` moves on create and revoke), on the one store connection it keeps, so a
@@ -19,6 +20,7 @@ _log = log.get("llmgw.router.keys")
 # Rows written by another process can commit with an updated_at a little older than
 # the newest one we have already seen; re-reading this window catches them.
 _OVERLAP_S = 10.0
+_DIGESTS_KEPT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +40,21 @@ class KeyCache:
     def __init__(self, refresh_s: float = 2.0):
         self.refresh_s = refresh_s
         self._by_hash: dict[str, Key] = {}
+        self._digests: dict[str, str] = {}  # secret -> its hash, for the keys in use
         self._since = 0.0
         self.loaded = threading.Event()
         self.worker: Worker | None = None
 
     def lookup(self, secret: str) -> Key | None:
-        return self._by_hash.get(apikeys.hash_secret(secret))
+        # A client sends the same key on every request: its digest is remembered (a
+        # bounded dict, emptied when full, so a flood of made-up keys costs what it did),
+        # and the key itself is looked up each time, so a revocation applies at once.
+        digest = self._digests.get(secret)
+        if digest is None:
+            if len(self._digests) >= _DIGESTS_KEPT:
+                self._digests.clear()
+            digest = self._digests[secret] = apikeys.hash_secret(secret)
+        return self._by_hash.get(digest)
 
     def __len__(self) -> int:
         return len(self._by_hash)

@@ -22,7 +22,7 @@ from llmgw_router import metrics
 from llmgw_router.admission import Admission
 from llmgw_router.call import CLIENT_CLOSED, Call, Upstreams
 from llmgw_router.errors import ApiError, api_error
-from llmgw_router.exchange import Answer, BodyTooLarge, Stream, json_answer
+from llmgw_router.exchange import Answer, BodyTooLarge, Stream, json_answer, loads
 from llmgw_router.keycache import KeyCache
 from llmgw_router.limits import COST_KINDS, Reservation
 from llmgw_router.policy import Policies
@@ -287,7 +287,8 @@ class Proxy:
             if deadline is None:
                 deadline = time.monotonic() + self.queue_deadline_s
             wait = deadline - time.monotonic() if last or first else 0.0
-            if not await self.admission.enter(name, band, wait):
+            admitted = self.admission.enter_now(name)  # the usual case: a slot is free
+            if not admitted and not await self.admission.enter(name, band, wait):
                 err = err if err is not None else ticket.fail(saturated(name, ticket.rid))
                 self._fell_back(ticket.model, names, i, "saturated")
                 continue
@@ -482,7 +483,7 @@ class Proxy:
         if len(body) > self.max_body:
             raise too_large(self.max_body)
         try:
-            payload = json.loads(body)
+            payload = loads(body)
         except (ValueError, UnicodeDecodeError):
             raise ApiError(
                 400,

@@ -9,6 +9,11 @@ commits its rows, and only then removes it; a router that starts replays the seg
 an earlier run left. Rows carry their own id, so a segment committed but not yet
 removed when the router died is inserted again without duplicates.
 
+The writer takes a segment's rows from memory: the spool keeps what it appended (up to
+HELD_ROWS, so a long store outage holds them on disk only), and reads from disk only
+what an earlier run left or what memory did not keep. Reading every row back cost the
+writer's thread more CPU than the rest of its work.
+
 A directory holds one router's spool: `usage-NNNNNNNN.spool` segments and a `lock`
 file held with flock for the router's life, so a second router pointed at the same
 directory refuses to start instead of committing (and removing) the first one's rows.
@@ -18,6 +23,7 @@ import fcntl
 import json
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw import log
@@ -27,6 +33,10 @@ _log = log.get("llmgw.router.spool")
 
 _PREFIX, _SUFFIX = "usage-", ".spool"
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+# Rows of closed and open segments kept in memory for the writer, at most; past it a
+# segment's rows are read back from disk.
+HELD_ROWS = 200_000
 
 
 class SpoolLocked(Error):
@@ -64,6 +74,21 @@ def read(path: Path) -> tuple[list[tuple], int]:
     return rows, bad
 
 
+@dataclass(slots=True, eq=False)
+class Segment:
+    """A segment file, and its rows when this run wrote and kept them (None: read the
+    file)."""
+
+    path: Path
+    rows: list[tuple] | None = None
+
+    def load(self) -> tuple[list[tuple], int]:
+        """Its rows, and how many lines could not be read (see read())."""
+        if self.rows is not None:
+            return self.rows, 0
+        return read(self.path)
+
+
 class Spool:
     """One router's spool directory: the open segment rows are appended to (on the event
     loop), and the closed ones the usage writer commits and removes (on its thread)."""
@@ -74,12 +99,13 @@ class Spool:
         self._lock = threading.Lock()  # an append and a rotation never interleave
         self._lock_fd: int | None = None
         self._fd: int | None = None
-        self._active: Path | None = None
-        self._active_rows = 0
+        self._active: Segment | None = None
+        self._active_rows = 0  # lines written to it, whole or torn
+        self._held = 0  # rows kept in memory, of every segment
         self._seq = 0
-        self._closed: list[Path] = []  # oldest first
+        self._closed: list[Segment] = []  # oldest first
         self._failing = False
-        self.leftover: list[Path] = []  # what an earlier run left, found by open()
+        self.leftover: list[Segment] = []  # what an earlier run left, found by open()
 
     # -- start and stop (the writer's side) ------------------------------------------
 
@@ -112,7 +138,7 @@ class Spool:
             except ValueError:
                 continue  # not one of ours
         found.sort()
-        self.leftover = [p for _, p in found]
+        self.leftover = [Segment(p) for _, p in found]
         self._closed = list(self.leftover)
         self._seq = found[-1][0] if found else 0
         with self._lock:
@@ -126,16 +152,17 @@ class Spool:
         if fd is not None:
             os.close(fd)
             if rows == 0 and active is not None:
-                active.unlink(missing_ok=True)
+                active.path.unlink(missing_ok=True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
 
     # -- the request path ---------------------------------------------------------------
 
-    def append(self, line: bytes) -> bool:
+    def append(self, row: tuple) -> bool:
         """Append one row's line with one write(). False: it is not on disk (the spool is
         broken or the disk full): logged once, counted, and the caller keeps the row."""
+        line = encode(row)
         with self._lock:
             fd = self._fd
             if fd is None:
@@ -153,6 +180,14 @@ class Spool:
                 self._broken(OSError(f"short write: {n} of {len(line)} bytes"))
                 return False
             self._active_rows += 1
+            kept = self._active.rows
+            if kept is not None:
+                if self._held < HELD_ROWS:
+                    kept.append(row)
+                    self._held += 1
+                else:  # memory is full: this segment is read from disk
+                    self._held -= len(kept)
+                    self._active.rows = None
         if self._failing:
             self._failing = False
             _log.info("usage_spool_recovered", dir=str(self.dir))
@@ -190,16 +225,19 @@ class Spool:
                                reason=e.strerror or str(e),
                                action="rows kept in memory until written")  # fmt: skip
 
-    def closed(self) -> list[Path]:
+    def closed(self) -> list[Segment]:
         """Segments ready to commit, oldest first."""
         with self._lock:
             return list(self._closed)
 
-    def remove(self, segment: Path) -> None:
+    def remove(self, segment: Segment) -> None:
         """A committed segment: its rows are in the store."""
-        segment.unlink(missing_ok=True)
+        segment.path.unlink(missing_ok=True)
         with self._lock:
             self._closed.remove(segment)
+            if segment.rows is not None:
+                self._held -= len(segment.rows)
+                segment.rows = None
 
     @property
     def held(self) -> bool:
@@ -212,7 +250,7 @@ class Spool:
         self._fd = os.open(
             path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640
         )
-        self._active, self._active_rows = path, 0
+        self._active, self._active_rows = Segment(path, []), 0
 
     def _close_active(self) -> None:
         fd, active, rows = self._fd, self._active, self._active_rows
@@ -229,4 +267,4 @@ class Spool:
         if rows:
             self._closed.append(active)
         else:
-            active.unlink(missing_ok=True)
+            active.path.unlink(missing_ok=True)

@@ -4,7 +4,8 @@ The router's profile showed aiohttp's client costing more CPU per request than t
 rest of the request path together. Engines speak simple HTTP/1.1 (a JSON body with
 Content-Length, or a chunked SSE stream), so this client does just that: one write per
 request, a parser that hands body pieces to the caller as they arrive, kept-alive
-connections per endpoint, one timer per request for its whole deadline.
+connections per endpoint, and one sweep for every request's deadline (a timer per
+request cost more than the deadline was worth: it is checked to within a second).
 
     pool = Pool(connect_timeout=3, total_timeout=600)
     resp = await pool.request(origin, b"POST /v1/completions HTTP/1.1\\r\\n...", body)
@@ -76,7 +77,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "origin", "transport", "buf", "state", "status", "headers", "remaining", "chunked",
         "keep_alive", "pieces", "buffered", "paused", "waiter", "error", "got_bytes",
-        "complete", "head", "counted",
+        "complete", "head", "counted", "deadline",
     )  # fmt: skip
 
     def __init__(self, origin: Origin):
@@ -84,6 +85,7 @@ class Connection(asyncio.Protocol):
         self.transport = None
         self.error: UpstreamError | None = None
         self.counted = False  # holds one of its origin's places (Pool.max_conns)
+        self.deadline = 0.0  # when the request under way times out (Pool's sweep)
         self._reset()
 
     def _reset(self) -> None:
@@ -272,13 +274,13 @@ MAX_IDLE = 256
 
 
 class Response:
-    __slots__ = ("conn", "status", "headers", "_timer", "_released")
+    __slots__ = ("conn", "status", "headers", "_pool", "_released")
 
-    def __init__(self, conn: Connection, timer):
+    def __init__(self, conn: Connection, pool: "Pool"):
         self.conn = conn
         self.status = conn.status
         self.headers = conn.headers
-        self._timer = timer
+        self._pool = pool
         self._released = False
 
     async def next(self) -> bytes | None:
@@ -296,8 +298,8 @@ class Response:
         if self._released:
             return
         self._released = True
-        self._timer.cancel()
         conn = self.conn
+        self._pool.busy.discard(conn)
         origin = conn.origin
         if conn.reusable() and not origin.retired and len(origin.idle) < MAX_IDLE:
             conn._reset()
@@ -321,6 +323,8 @@ class Pool:
         self.max_conns = max_conns
         self._origins: dict[str, Origin] = {}
         self._ssl = None
+        self.busy: set[Connection] = set()  # requests under way, for the sweep
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def origin(self, url: str) -> Origin:
         origin = self._origins.get(url)
@@ -416,22 +420,39 @@ class Pool:
     async def _exchange(self, conn: Connection, data: bytes) -> Response:
         loop = asyncio.get_running_loop()
         conn.head = loop.create_future()
-        timer = loop.call_later(self.total_timeout, _expire, conn, self.total_timeout)
+        conn.deadline = loop.time() + self.total_timeout
+        self.busy.add(conn)
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self._sweep_s(), self._sweep)
         try:
             conn.transport.write(data)
             await conn.head
         except BaseException:
-            timer.cancel()
+            self.busy.discard(conn)
             conn.close()
             raise
-        return Response(conn, timer)
+        return Response(conn, self)
+
+    def _sweep_s(self) -> float:
+        return min(1.0, self.total_timeout / 4)
+
+    def _sweep(self) -> None:
+        """Fail every request past its deadline; look again while any is under way."""
+        now = asyncio.get_running_loop().time()
+        for conn in [c for c in self.busy if c.deadline <= now]:
+            self.busy.discard(conn)
+            conn._fail(UpstreamError("timeout", f"the engine took over {self.total_timeout:g}s"))
+            conn.close()
+        self._sweeper = (
+            asyncio.get_running_loop().call_later(self._sweep_s(), self._sweep)
+            if self.busy
+            else None
+        )
 
     def close(self) -> None:
         for origin in self._origins.values():
             while origin.idle:
                 origin.idle.pop().close()
-
-
-def _expire(conn: Connection, seconds: float) -> None:
-    conn._fail(UpstreamError("timeout", f"the engine took over {seconds:g}s"))
-    conn.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None

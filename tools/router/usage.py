@@ -105,7 +105,7 @@ class UsageWriter:
         """Keep one request's row. Called on the event loop."""
         row = usage.values(f"{self._prefix}{next(self._seq):x}")
         sp = self.spool
-        if sp is not None and sp.append(spoolmod.encode(row)):
+        if sp is not None and sp.append(row):
             self._spooled += 1
             return
         if len(self._rows) >= self.capacity:
@@ -133,17 +133,18 @@ class UsageWriter:
         if sp is not None:
             sp.rotate()
             for segment in sp.closed():
-                rows, bad = spoolmod.read(segment)
+                rows, bad = segment.load()
                 self._insert(rows)
+                n = len(rows)
                 sp.remove(segment)
-                total += len(rows)
+                total += n
                 if segment in sp.leftover:
                     sp.leftover.remove(segment)
-                    self.replayed += len(rows)
-                    _log.info("usage_spool_replayed", segment=segment.name, rows=len(rows),
+                    self.replayed += n
+                    _log.info("usage_spool_replayed", segment=segment.path.name, rows=n,
                               skipped_lines=bad)  # fmt: skip
                 else:
-                    self._committed += len(rows)
+                    self._committed += n
         while self._rows:
             n = min(self.batch, len(self._rows))
             chunk = [self._rows.popleft() for _ in range(n)]

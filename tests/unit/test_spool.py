@@ -222,3 +222,12 @@ def test_rows_past_what_memory_holds_are_read_back_from_disk(tmp_path, db, monke
     assert sp._held == 0  # what was committed is let go
     writer.record(row("c0"))  # and memory takes rows again
     assert sp._active.rows is not None and len(sp._active.rows) == 1
+
+
+def test_a_spool_line_is_the_json_of_its_row():
+    import json
+
+    odd = (1.5, 'quote " and \\ and é', None, 7, 0.1 + 0.2, "", "ünïcode ☃")
+    line = spoolmod.encode(odd)
+    assert line == (json.dumps(odd, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    assert tuple(json.loads(line)) == odd

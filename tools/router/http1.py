@@ -116,7 +116,7 @@ class Request:
             if self.expect and not self.answered:
                 self.expect = False
                 self.conn.write(_CONTINUE)
-            self.waiter = asyncio.get_running_loop().create_future()
+            self.waiter = self.conn.server.loop.create_future()
             await self.waiter
         return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
 

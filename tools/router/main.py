@@ -1,6 +1,7 @@
 """llmgw-router's command line."""
 
 import asyncio
+import gc
 import resource
 import signal
 import sys
@@ -205,6 +206,9 @@ async def serve(router: Router, host: str, port: int, ssl_context) -> None:
         await router.stop()
         raise
     metrics.CONNECTIONS.set_function(lambda: len(server.conns))
+    # What start-up made (modules, settings, tables) lives as long as the process: out
+    # of the collector's sight, its full collections no longer walk it.
+    gc.freeze()
     await stop.wait()
     _log.info("stopping", connections=len(server.conns))
     await server.close(router.rc.shutdown_grace_s)

@@ -34,6 +34,17 @@ _log = log.get("llmgw.router.spool")
 _PREFIX, _SUFFIX = "usage-", ".spool"
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
+
+def _refuse(o):
+    raise TypeError(f"a usage row holds a {type(o).__name__}, which JSON cannot")
+
+
+# json's C encoder, made once: JSONEncoder.encode makes one for every call, which was
+# two thirds of a spool line's cost. The same text as _encode.
+_c_encoder = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, True
+)
+
 # Rows of closed and open segments kept in memory for the writer, at most; past it a
 # segment's rows are read back from disk.
 HELD_ROWS = 200_000
@@ -45,6 +56,8 @@ class SpoolLocked(Error):
 
 def encode(row: tuple) -> bytes:
     """One spool line: the row as a JSON array, and a newline."""
+    if _c_encoder is not None:
+        return ("".join(_c_encoder(row, 0)) + "\n").encode()
     return (_encode(row) + "\n").encode()
 
 

@@ -77,7 +77,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "origin", "transport", "buf", "state", "status", "headers", "remaining", "chunked",
         "keep_alive", "pieces", "buffered", "paused", "waiter", "error", "got_bytes",
-        "complete", "head", "counted", "deadline",
+        "complete", "head", "counted", "deadline", "loop",
     )  # fmt: skip
 
     def __init__(self, origin: Origin):
@@ -86,6 +86,7 @@ class Connection(asyncio.Protocol):
         self.error: UpstreamError | None = None
         self.counted = False  # holds one of its origin's places (Pool.max_conns)
         self.deadline = 0.0  # when the request under way times out (Pool's sweep)
+        self.loop = None
         self._reset()
 
     def _reset(self) -> None:
@@ -108,6 +109,8 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        # Kept: asyncio.get_running_loop() costs a getpid() system call on Python 3.11.
+        self.loop = asyncio.get_running_loop()
 
     def connection_lost(self, exc) -> None:
         self.transport = None
@@ -238,7 +241,7 @@ class Connection(asyncio.Protocol):
                 return None
             if self.error is not None:
                 raise self.error
-            self.waiter = asyncio.get_running_loop().create_future()
+            self.waiter = self.loop.create_future()
             await self.waiter
             self.waiter = None
         pieces = self.pieces
@@ -418,12 +421,12 @@ class Pool:
                 raise
 
     async def _exchange(self, conn: Connection, data: bytes) -> Response:
-        loop = asyncio.get_running_loop()
+        loop = conn.loop
         conn.head = loop.create_future()
         conn.deadline = loop.time() + self.total_timeout
         self.busy.add(conn)
         if self._sweeper is None:
-            self._sweeper = loop.call_later(self._sweep_s(), self._sweep)
+            self._sweeper = loop.call_later(self._sweep_s(), self._sweep, loop)
         try:
             conn.transport.write(data)
             await conn.head
@@ -436,18 +439,14 @@ class Pool:
     def _sweep_s(self) -> float:
         return min(1.0, self.total_timeout / 4)
 
-    def _sweep(self) -> None:
+    def _sweep(self, loop) -> None:
         """Fail every request past its deadline; look again while any is under way."""
-        now = asyncio.get_running_loop().time()
+        now = loop.time()
         for conn in [c for c in self.busy if c.deadline <= now]:
             self.busy.discard(conn)
             conn._fail(UpstreamError("timeout", f"the engine took over {self.total_timeout:g}s"))
             conn.close()
-        self._sweeper = (
-            asyncio.get_running_loop().call_later(self._sweep_s(), self._sweep)
-            if self.busy
-            else None
-        )
+        self._sweeper = loop.call_later(self._sweep_s(), self._sweep, loop) if self.busy else None
 
     def close(self) -> None:
         for origin in self._origins.values():

@@ -123,6 +123,17 @@ def test_the_usage_splice_equals_parsing_and_dumping_over_the_captured_streams(p
         call = fresh_call(client_usage=False)
         assert call._filter_events(block) == parse_and_dump(block)
         assert call.prompt_tokens > 0 and call.completion_tokens > 0
+        assert call.events == content_events(block)
+
+
+def content_events(block: bytes) -> int:
+    """Chunks that carry content: every data event but the usage-only one."""
+    n = 0
+    for event in block.split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            obj = json.loads(event[6:])
+            n += bool(obj.get("choices")) or not isinstance(obj.get("usage"), dict)
+    return n
 
 
 @pytest.mark.parametrize("path", STREAMS, ids=lambda p: p.name)
@@ -167,3 +178,32 @@ def test_a_streamed_request_without_stream_options_gets_include_usage_spliced_in
     spliced = ask_usage(body)
     assert json.loads(spliced) == {**json.loads(body), "stream_options": {"include_usage": True}}
     assert ask_usage(b"\xef\xbb\xbf" + body.strip()) is None  # a BOM: serialise instead
+
+
+model_text = st.text(alphabet=st.sampled_from('mo"del\\: {}x'), max_size=10)
+with_models = st.recursive(
+    st.none() | st.integers() | model_text | st.sampled_from([PATH, "gemma3-270m", "model"]),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(["model", "x", 'a"model', "model\\"]) | model_text, inner,
+                      max_size=3),  # fmt: skip
+    max_leaves=10,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(docs=st.lists(with_models, min_size=1, max_size=4), spaced=st.booleans())
+def test_the_quick_ways_of_naming_the_model_agree_with_the_careful_one(docs, spaced):
+    from llmgw_router.call import _set_model_each
+
+    sep = (", ", ": ") if spaced else (",", ":")
+    block = b"".join(b"data: " + json.dumps(d, separators=sep).encode() + b"\n\n" for d in docs)
+    for field in (FIELD, model_field(PATH), model_field("model")):
+        assert set_model(block, field) == _set_model_each(block, field)
+
+
+def test_a_name_that_only_ends_in_model_keeps_its_value():
+    # The key a"model is written a\"model: its last quote and `model` look like a member
+    # named model; only the real member's value becomes the served name.
+    data = events({"model": PATH, 'a"model': PATH})
+    out = json.loads(set_model(data, FIELD)[6:])
+    assert out == {"model": "gemma3-270m", 'a"model': PATH}

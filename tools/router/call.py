@@ -50,7 +50,50 @@ def set_model(data: bytes, field: bytes) -> bytes:
     would be escaped). Only string values are replaced; a member already holding the
     name is left alone, so an engine started with the served name as its alias costs a
     search and a comparison.
+
+    The usual block is one engine's events, every member naming the model alike: when
+    each `"model"` in it is where `field` (or the engine's one name for it) begins, it
+    is one bytes.replace (or nothing), done in C. A quote before `model` that a
+    backslash escapes could begin a name that only ends in `model`; such a block takes
+    the careful way.
     """
+    n = data.count(_MODEL_KEY)
+    if n == 0 or n == data.count(field):
+        return data
+    if _ESCAPED_MODEL_KEY not in data:
+        i = data.find(_MODEL_KEY)
+        end = _member_end(data, i)
+        if end > 0:
+            engines = data[i:end]
+            if data.count(engines) == n:
+                return data.replace(engines, field)
+    return _set_model_each(data, field)
+
+
+_ESCAPED_MODEL_KEY = b'\\"model"'
+
+
+def _member_end(data: bytes, i: int) -> int:
+    """Just past the string value of the `"model"` member whose name's quote is at `i`
+    (-1: it is not a member with a string value, or the bytes are not JSON)."""
+    if not _unescaped(data, i):
+        return -1
+    n = len(data)
+    j = i + len(_MODEL_KEY)
+    while j < n and data[j] in b" \t\r\n":
+        j += 1
+    if j >= n or data[j] != 0x3A:  # ':'
+        return -1
+    j += 1
+    while j < n and data[j] in b" \t\r\n":
+        j += 1
+    if j >= n or data[j] != 0x22:  # '"'
+        return -1
+    return _string_end(data, j)
+
+
+def _set_model_each(data: bytes, field: bytes) -> bytes:
+    """set_model, one member at a time."""
     out = None
     pos = pos_done = 0
     n = len(data)
@@ -547,11 +590,18 @@ class Call:
             for usage in usages:
                 self._set_usage(usage)
             return block
-        if b'"usage"' not in block:
+        first = block.find(b'"usage"')
+        if first < 0:
             self.events += block.count(b"data: {")
             return block
+        # The events before the first that mentions usage pass as they are: counted,
+        # not taken apart (a block is often a whole stream, usage only at its end).
+        start = block.rfind(b"\n\n", 0, first) + 2  # 1: no event before it
+        start = 0 if start == 1 else start
+        head = block[:start]
+        self.events += head.count(b"data: {")
         kept = []
-        for event in block.split(b"\n\n"):
+        for event in block[start:].split(b"\n\n"):
             if not event:
                 continue
             if event.startswith(b"data: {") and b'"usage"' in event:
@@ -577,7 +627,7 @@ class Call:
             if event.startswith(b"data: {"):
                 self.events += 1
             kept.append(event)
-        return b"".join(e + b"\n\n" for e in kept)
+        return head + b"".join(e + b"\n\n" for e in kept)
 
     def _take_usage(self, data: bytes) -> None:
         try:

@@ -185,7 +185,16 @@ class Connection(asyncio.Protocol):
             self.buf = b""
 
     def _parse_chunks(self) -> None:
-        buf = self.buf
+        """Every whole chunk in the buffer, handed on together (one wake-up, not one a
+        chunk: an engine's burst of events is relayed as one piece anyway)."""
+        got: list[bytes] = []
+        try:
+            self._take_chunks(self.buf, got)
+        finally:
+            if got:
+                self._deliver(got[0] if len(got) == 1 else b"".join(got))
+
+    def _take_chunks(self, buf: bytes, got: list) -> None:
         pos = 0
         while True:
             eol = buf.find(b"\r\n", pos)
@@ -198,12 +207,15 @@ class Connection(asyncio.Protocol):
                 if end < 0:
                     break
                 self.buf = buf[end + 4 :]
+                if got:  # before the end is marked, so the reader sees them first
+                    self._deliver(b"".join(got))
+                    got.clear()
                 self._done()
                 return
             start = eol + 2
             if len(buf) < start + size + 2:
                 break
-            self._deliver(buf[start : start + size])
+            got.append(buf[start : start + size])
             pos = start + size + 2
         self.buf = buf[pos:]
 

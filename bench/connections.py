@@ -134,7 +134,8 @@ def main() -> int:
     finally:
         router.stop()
         engine.stop()
-    print("first error:", got["first_error"], file=sys.stderr)
+    if got["first_error"]:
+        print("first error:", got["first_error"], file=sys.stderr)
     ok = got["errors"] == 0 and got["refused"] == 0
     mem_ok = got["idle_rss"] <= RSS_BAR_MB
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

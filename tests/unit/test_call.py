@@ -183,9 +183,12 @@ def test_a_streamed_request_without_stream_options_gets_include_usage_spliced_in
 model_text = st.text(alphabet=st.sampled_from('mo"del\\: {}x'), max_size=10)
 with_models = st.recursive(
     st.none() | st.integers() | model_text | st.sampled_from([PATH, "gemma3-270m", "model"]),
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.sampled_from(["model", "x", 'a"model', "model\\"]) | model_text, inner,
-                      max_size=3),  # fmt: skip
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["model", "x", 'a"model', "model\\"]) | model_text, inner, max_size=3
+        )
+    ),  # fmt: skip
     max_leaves=10,
 )
 

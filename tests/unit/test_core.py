@@ -28,6 +28,9 @@ class Reply:
         self.status, self._body = status, body
         self.headers = {"content-type": "application/json"}
 
+    def whole(self) -> bytes:
+        return self._body
+
     async def read(self) -> bytes:
         return self._body
 

@@ -1,6 +1,7 @@
 """The engine client against a scripted raw HTTP server on loopback."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -69,6 +70,31 @@ def test_a_content_length_body_is_read_and_the_connection_reused():
                 resp.release()
         assert srv.connections == 1
         assert srv.requests[0].endswith(b"Content-Length: 2\r\n\r\n{}")
+
+    run(main())
+
+
+def test_a_body_that_has_all_come_is_taken_whole_and_one_still_coming_is_not():
+    async def main():
+        body = b'{"ok": true}'
+        whole = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        split = [whole[:-4], whole[-4:]]  # the body's end comes in a later read
+        async with Server([whole, split, whole]) as srv:
+            origin = srv.pool.origin(srv.url)
+            resp = await srv.pool.request(origin, HEAD, b"{}")
+            deadline = time.monotonic() + 5
+            while (got := resp.whole()) is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)  # the head may come a read before the body
+            assert got == body
+            resp.release()
+            resp = await srv.pool.request(origin, HEAD, b"{}")
+            assert resp.whole() is None  # part of the body is still on its way
+            assert await resp.read() == body
+            resp.release()
+            resp = await srv.pool.request(origin, HEAD, b"{}")  # the same connection, reused
+            assert await resp.read() == body
+            resp.release()
+        assert srv.connections == 1
 
     run(main())
 

@@ -474,7 +474,9 @@ class Call:
 
     async def _relay_whole(self, upstream: Response) -> Answer | Stream | None:
         try:
-            data = await upstream.read()
+            data = upstream.whole()
+            if data is None:
+                data = await upstream.read()
         except UpstreamError as e:
             return await self._engine_broke(e)
         if self._keepalive_task is not None:

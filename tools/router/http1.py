@@ -35,6 +35,7 @@ _log = log.get("llmgw.router")
 
 _SWEEP_S = 0.5  # how often deadlines are looked at
 _MAX_QUEUED = 8  # pipelined requests held before the connection is not read
+_MAX_FIELDS = 200  # header lines in one request
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 _REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
@@ -196,7 +197,8 @@ class Conn(asyncio.Protocol):
 
     __slots__ = ("server", "transport", "parser", "url", "fields", "head_bytes", "in_head",
                  "receiving", "queue", "serving", "task", "closing", "paused_writing",
-                 "paused_reading", "drain", "deadline", "broken", "field_bytes")  # fmt: skip
+                 "paused_reading", "drain", "deadline", "broken", "field_bytes",
+                 "max_field_bytes")  # fmt: skip
 
     def __init__(self, server: "Server"):
         self.server = server
@@ -217,6 +219,7 @@ class Conn(asyncio.Protocol):
         self.deadline = 0.0  # when the current wait (idle, head, body) runs out
         self.broken: Answer | None = None  # answered after the requests before it
         self.field_bytes = 0
+        self.max_field_bytes = server.rc.max_header_bytes
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -298,17 +301,22 @@ class Conn(asyncio.Protocol):
             raise _TooLong(414, "The request line is too long.")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.fields.append((name.decode("latin-1"), value.decode("latin-1")))
+        # As little as can be: a client such as openai's sends 15 or more headers. They
+        # are decoded together once the head is complete.
+        self.fields.append((name, value))
         self.field_bytes += len(name) + len(value) + 4
-        if self.field_bytes > self.server.rc.max_header_bytes or len(self.fields) > 200:
+        if self.field_bytes > self.max_field_bytes:
             raise _TooLong(431, "The request's headers are too large.")
 
     def on_headers_complete(self) -> None:
         self.in_head = False
         self.head_bytes = 0
+        fields = self.fields
+        if len(fields) > _MAX_FIELDS:
+            raise _TooLong(431, "The request's headers are too large.")
         parser = self.parser
-        req = Request(self, parser.get_method().decode("latin-1"), self.url,
-                      CIMultiDict(self.fields))  # fmt: skip
+        headers = CIMultiDict([(n.decode("latin-1"), v.decode("latin-1")) for n, v in fields])
+        req = Request(self, parser.get_method().decode("latin-1"), self.url, headers)
         self.url, self.fields = b"", []  # an idle connection keeps nothing of the last
         req.version = parser.get_http_version()
         req.keep_alive = parser.should_keep_alive()

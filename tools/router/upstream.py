@@ -302,6 +302,21 @@ class Response:
         """The next piece of the body as it arrived (chunk framing removed); None at end."""
         return await self.conn.next_piece()
 
+    def whole(self) -> bytes | None:
+        """The whole body if it has all come already (the usual answer from an engine
+        on loopback), taken without waiting; None if not."""
+        conn = self.conn
+        if not conn.complete or conn.error is not None:
+            return None
+        pieces = conn.pieces
+        body = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
+        pieces.clear()
+        conn.buffered = 0
+        if conn.paused and conn.transport is not None:
+            conn.paused = False  # a reused connection must be read again
+            conn.transport.resume_reading()
+        return body
+
     async def read(self) -> bytes:
         parts = []
         while (piece := await self.conn.next_piece()) is not None:

@@ -11,9 +11,12 @@ one conversation's turns in order, then takes the next), seeded, `max_tokens` 32
 streamed so time to first token is measured. Reported per policy: prompt tokens the
 engines evaluated (Σ `timings.prompt_n`, cross-checked with their
 `llamacpp:prompt_tokens_total`), TTFT p50/p95, requests/s. Controls: unique prompts
-(nothing to share: prefix must cost nothing) and one hot group (every conversation
-shares one prompt: the load guard must keep both replicas busy).
-Writes bench/ROUTING.md.
+(nothing to share: prefix must cost nothing), one hot group (every conversation
+shares one prompt: the load guard must keep both replicas busy), and two routers behind
+a load balancer that alternates between them request by request (each router learns
+only from its own half of the traffic: prefix must still beat least-outstanding).
+Writes bench/ROUTING.md, with the load average before and after (a run on busy cores
+says so).
 """
 
 import argparse
@@ -107,10 +110,13 @@ class Replica:
         stop(self.proc)
 
 
-def start_router(policy: str, replicas: list[Replica], key_file: Path):
-    work = WORK_DIR / f"router-{policy}"
+def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 0):
+    """Router `n` for `policy`: its own directory (spool, log), the first one's store
+    (so one API key serves both of a pair)."""
+    work = WORK_DIR / f"router-{policy}-{n}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    store = WORK_DIR / f"router-{policy}-0" / "bench.db"
     port = free_port()
     eps = "".join(
         f'[[router.endpoints]]\nid = "r{r.n}"\nurl = "{r.url}"\nmodels = ["{MODEL}"]\n'
@@ -123,12 +129,14 @@ def start_router(policy: str, replicas: list[Replica], key_file: Path):
         f'listen = "127.0.0.1:{port}"\nrouting = "{policy}"\n'
         f"upstream_timeout_s = 300.0\n{eps}"
     )
-    env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{work / 'bench.db'}")
-    out = subprocess.run(
-        [str(VENV_BIN / "llmgw"), "keys", "create", "--name", "bench", "--json", "--store"],
-        capture_output=True, text=True, env=env, check=True,
-    )  # fmt: skip
-    api_key = json.loads(out.stdout)["secret"]
+    env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{store}")
+    api_key = None
+    if n == 0:
+        out = subprocess.run(
+            [str(VENV_BIN / "llmgw"), "keys", "create", "--name", "bench", "--json", "--store"],
+            capture_output=True, text=True, env=env, check=True,
+        )  # fmt: skip
+        api_key = json.loads(out.stdout)["secret"]
     log = work / "router.log"
     proc = spawn([str(VENV_BIN / "llmgw-router"), "--config", str(config)], log, None, env=env)
     wait_ready(f"http://127.0.0.1:{port}/ready", proc, log, 30, "llmgw-router")
@@ -164,15 +172,20 @@ async def one_turn(session, url, key, messages) -> dict:
             "reply": "".join(text), "timings": timings, "usage": usage}  # fmt: skip
 
 
-async def drive(url: str, key: str, convs: list[dict]) -> tuple[list[dict], float]:
+async def drive(urls: list[str], key: str, convs: list[dict]) -> tuple[list[dict], float]:
+    """Every conversation's turns in order, CONCURRENCY at once; each request to the next
+    of `urls` in turn (a round-robin load balancer, when there are two)."""
     queue = list(convs)
     results: list[dict] = []
+    sent = 0
 
     async def worker(session):
+        nonlocal sent
         while queue:
             conv = queue.pop(0)
             messages = [{"role": "system", "content": conv["system"]}]
             for q in conv["questions"]:
+                url, sent = urls[sent % len(urls)], sent + 1
                 messages = [*messages, {"role": "user", "content": q}]
                 res = await one_turn(session, url, key, messages)
                 results.append(res)
@@ -191,20 +204,26 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
-               cache_ram: int | None) -> dict:  # fmt: skip
+               cache_ram: int | None, routers: int = 1) -> dict:  # fmt: skip
     replicas = [Replica(n, n % (os.cpu_count() or 1), key_file, cache_ram) for n in range(2)]
-    router = None
+    procs, urls, api_key = [], [], None
     try:
         for r in replicas:
             r.start()
-        router, url, api_key = start_router(policy, replicas, key_file)
-        results, wall = asyncio.run(drive(url, api_key, convs))
+        for n in range(routers):
+            proc, url, key = start_router(policy, replicas, key_file, n)
+            procs.append(proc)
+            urls.append(url)
+            api_key = api_key or key
+        time.sleep(2.5 if routers > 1 else 0)  # the others' key cache: refreshed every 2 s
+        results, wall = asyncio.run(drive(urls, api_key, convs))
         scraped = sum(r.prompt_tokens_total(engine_key) for r in replicas)
         per_replica = []
         for r in replicas:
             per_replica.append(r.prompt_tokens_total(engine_key))
     finally:
-        stop(router)
+        for proc in procs:
+            stop(proc)
         for r in replicas:
             r.stop()
     ttfts = [x["ttft"] for x in results]
@@ -247,6 +266,8 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=GROUPS)
     parser.add_argument("--per-group", type=int, default=PER_GROUP)
     parser.add_argument("--no-controls", action="store_true")
+    parser.add_argument("--no-pair", action="store_true",
+                        help="leave out the two routers behind a load balancer")  # fmt: skip
     parser.add_argument("--out", default="ROUTING.md", help="the report, in bench/")
     args = parser.parse_args()
     shutil.rmtree(WORK_DIR, ignore_errors=True)
@@ -255,6 +276,7 @@ def main() -> None:
     key_file = WORK_DIR / "engine.key"
     key_file.write_text(engine_key + "\n")
     t_start = time.time()
+    load_before = os.getloadavg()[0]
 
     main_convs = conversations(args.turns, args.groups, args.per_group)
     measured = {}
@@ -275,6 +297,13 @@ def main() -> None:
         m["policy"] = "one hot group, prefix"
         controls.append(m)
         print(row(m), flush=True)
+    pair = {}
+    if not args.no_pair:
+        for policy in ("least-outstanding", "prefix"):
+            m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram, routers=2)
+            m["policy"] = f"two routers, {policy}"
+            pair[policy] = m
+            print(row(m), flush=True)
 
     rr, lo, px = measured["round-robin"], measured["least-outstanding"], measured["prefix"]
     ratio = px["prompt_n"] / rr["prompt_n"] if rr["prompt_n"] else float("nan")
@@ -300,6 +329,14 @@ def main() -> None:
         share = min(hot_m["per_replica"]) / max(1, max(hot_m["per_replica"]))
         gates.append((f"one hot group: the less used replica evaluated {share:.0%} as many "
                       "prompt tokens as the other (both busy)", share > 0))  # fmt: skip
+    if pair:
+        plo, ppx = pair["least-outstanding"], pair["prefix"]
+        gates.append((f"two routers: prefix evaluates fewer prompt tokens than least-outstanding:"
+                      f" {ppx['prompt_n']:,} vs {plo['prompt_n']:,}",
+                      ppx["prompt_n"] < plo["prompt_n"]))  # fmt: skip
+        gates.append((f"two routers: prefix TTFT p50 better than least-outstanding: "
+                      f"{ppx['ttft_p50'] * 1000:.0f} ms vs {plo['ttft_p50'] * 1000:.0f} ms",
+                      ppx["ttft_p50"] < plo["ttft_p50"]))  # fmt: skip
 
     ram = "the engine's default (8 GiB)" if args.cache_ram is None else f"{args.cache_ram} MiB"
     took = time.time() - t_start
@@ -311,14 +348,17 @@ def main() -> None:
         f"-c 8192`, `--cache-ram` {ram}; {args.groups} groups × {args.per_group} "
         f"conversations × {args.turns} turns sharing a system prompt per group, closed loop "
         f"at concurrency {CONCURRENCY}, `max_tokens` {MAX_TOKENS}, "
-        f"seed {SEED}, streamed. Each policy starts with fresh engines (cold caches). The "
-        "machine's two cores were shared with other work, so times are noisy, and token"
-        " counts vary between runs too: what each engine's cache holds depends on how"
-        " requests interleave.",
+        f"seed {SEED}, streamed. Each policy starts with fresh engines (cold caches). Load"
+        f" average {load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at the end on"
+        f" {os.cpu_count()} cores (the engines, router and client take about two: more"
+        " means other work shared the cores, and times are noisy). Token counts vary"
+        " between runs too: what each engine's cache holds depends on how requests"
+        " interleave.",
         "",
         HEAD,
         *(row(m) for m in measured.values()),
         *(row(m) for m in controls),
+        *(row(m) for m in pair.values()),
         "",
         "## Gates",
         "",

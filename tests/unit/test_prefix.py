@@ -154,6 +154,36 @@ def test_the_load_guard_waits_for_more_than_the_slots_of_a_replica():
     assert idx.choose([a, b], request_key(chat("q", "r", "t"))) is a
 
 
+def test_requests_other_routers_have_in_flight_count_against_a_replica():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    hot = request_key(chat("q"))
+    idx.sent("a", hot, 0)
+    idx.served("a", hot, 0, None)
+    key = request_key(chat("q", "r", "s"))
+    assert idx.choose([a, b], key, slots_of=lambda ep: 2) is a  # this router's view alone
+    idx.served("a", key, 0, None)
+    # The engine says a is busy with three requests of other routers: the load guard
+    # sees 3 against 0, as it would had they been this router's own.
+    others = {"a": 3, "b": 0}
+    key = request_key(chat("q", "r", "t"))
+    assert idx.choose([a, b], key, slots_of=lambda ep: 2, others_of=lambda ep: others[ep.id]) is b
+
+
+def test_other_routers_work_weighs_against_a_small_cache_advantage():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    short = request_key(chat("q", system="short"))
+    idx.sent("a", short, 0)
+    idx.served("a", short, 0, None)  # a holds a prompt of a few blocks; this router's
+    # average request is what that one was (its prompt and max_tokens' 256)
+    key = request_key(chat("q", "r", "s", system="short"))
+    assert idx.choose([a, b], key) is a
+    idx.served("a", key, 0, None)
+    key = request_key(chat("q", "r", "t", system="short"))
+    assert idx.choose([a, b], key, others_of=lambda ep: 1 if ep is a else 0) is b
+
+
 def test_an_engine_that_cached_far_less_than_predicted_loses_the_chain():
     idx = PrefixIndex()
     a, b = Ep("a"), Ep("b")

@@ -138,6 +138,7 @@ class PrefixIndex:
     _sessions: dict = field(default_factory=dict)  # session -> replica id (bounded LRU)
     _chars_per_token: dict = field(default_factory=dict)  # model -> learned ratio
     _entries: int = 0
+    _mean_load: float = 0.0  # tokens of work a request of this router adds, on average
 
     # -- sizes ------------------------------------------------------------------------
 
@@ -191,31 +192,40 @@ class PrefixIndex:
             n += 1
         return n
 
-    def choose(self, candidates, key: Key, slots_of=lambda ep: 0):
+    def choose(self, candidates, key: Key, slots_of=lambda ep: 0, others_of=lambda ep: 0):
         """The candidate (anything with `.id` and `.outstanding`) minimising uncached
         prompt tokens + alpha × tokens in flight; ties to the client's session, then to
         the least outstanding. A load guard overrides the cache when one replica has
-        piled up far more requests than another. Records the choice (see `sent`)."""
+        piled up far more requests than another. Records the choice (see `sent`).
+
+        `others_of(ep)`: requests other routers have in flight there, as far as the
+        engine said lately (probe.py). Each counts as this router's average request in
+        the work in flight, and in the load guard: a router that saw only its own
+        requests sent its share of a conversation group to a replica another router had
+        already filled, and the requests queued in the engine (bench/ROUTING.md, two
+        routers)."""
         if not candidates:
             return None
         cpt = self.chars_per_token(key.model)
         per_block = self.block_chars / cpt
         total = key.chars / cpt
         sticky = self._sessions.get(key.session) if key.session else None
+        busy = {ep.id: ep.outstanding + others_of(ep) for ep in candidates}
         best, best_rank, matched = None, None, 0
         for ep in candidates:
             m = self.match(ep.id, key)
             uncached = max(0.0, total - m * per_block)
-            rank = (uncached + self.alpha * self.inflight(ep.id), ep.id != sticky, ep.outstanding)
+            work = self.inflight(ep.id) + (busy[ep.id] - ep.outstanding) * self._mean_load
+            rank = (uncached + self.alpha * work, ep.id != sticky, busy[ep.id])
             if best_rank is None or rank < best_rank:
                 best, best_rank, matched = ep, rank, m
-        least = min(candidates, key=lambda ep: ep.outstanding)
-        busiest = max(candidates, key=lambda ep: ep.outstanding)
+        least = min(candidates, key=lambda ep: busy[ep.id])
+        most = max(busy.values())
         slots = max((slots_of(ep) for ep in candidates), default=0)
         if (
-            busiest.outstanding - least.outstanding > max(2, slots)
-            and busiest.outstanding > 1.5 * least.outstanding
-            and best.outstanding > least.outstanding
+            most - busy[least.id] > max(2, slots)
+            and most > 1.5 * busy[least.id]
+            and busy[best.id] > busy[least.id]
         ):
             best, matched = least, self.match(least.id, key)
         self.sent(best.id, key, matched)
@@ -229,6 +239,8 @@ class PrefixIndex:
         key.matched = matched
         key.load = max(0.0, key.chars / cpt - matched * self.block_chars / cpt) + key.max_tokens
         r.inflight += key.load
+        mean = self._mean_load
+        self._mean_load = 0.9 * mean + 0.1 * key.load if mean else key.load
         for h in key.blocks:
             if h in r.blocks:
                 r.blocks.move_to_end(h)

@@ -15,12 +15,12 @@ import urllib.request
 
 from llmgw import log
 from llmgw.worker import Worker
+from llmgw_router.routing import SIGNAL_STALE_S as STALE_S
 from llmgw_router.routing import Endpoint, RoutingTable
 
 _log = log.get("llmgw.router.probe")
 
 RETRY_S = 60.0
-STALE_S = 5.0
 TIMEOUT_S = 1.0
 
 

@@ -6,6 +6,7 @@ endpoints, and the scheduler's feed (feed.py) replaces it with each routing tabl
 """
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from llmgw_router.prefix import Key, Outcome, PrefixIndex, request_key
@@ -32,6 +33,23 @@ class Endpoint:
         if self.key:
             head += f"Authorization: Bearer {self.key}\r\n"
         self.head = head.encode()
+
+
+# An engine's word on its load (probe.py) older than this is not believed.
+SIGNAL_STALE_S = 5.0
+
+
+def _others(wall: float):
+    """Requests other routers have in flight on an endpoint, as its engine said lately:
+    its busy slots less this router's own requests (0 when it did not say)."""
+
+    def others(ep) -> int:
+        sig = ep.signal
+        if sig is None or wall - sig.at > SIGNAL_STALE_S or not sig.slots:
+            return 0
+        return max(0, sig.busy - ep.outstanding)
+
+    return others
 
 
 def parse_endpoint_flag(text: str) -> Endpoint:
@@ -205,7 +223,7 @@ class RoutingTable:
                 sig = ep.signal
                 if sig is not None and getattr(sig, "ctx", 0):
                     self.prefix.size(ep.id, sig.ctx, model)
-            return self.prefix.choose(live, key, self.slots_of)
+            return self.prefix.choose(live, key, self.slots_of, _others(time.time()))
         best = None
         for i in range(n):
             ep = eps[(self._turn + i) % n]

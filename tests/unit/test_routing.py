@@ -1,6 +1,9 @@
+import time
+
 import pytest
 
-from llmgw_router.routing import Endpoint, RoutingTable, parse_endpoint_flag
+from llmgw_router.probe import Signal
+from llmgw_router.routing import Endpoint, RoutingTable, _others, parse_endpoint_flag
 
 
 def table(*specs, cooldown_s=5.0):
@@ -139,3 +142,15 @@ def test_an_unknown_routing_is_refused_with_the_ones_there_are():
 
 def test_least_outstanding_routing_computes_no_prefix_key():
     assert RoutingTable([]).key({"model": "m", "prompt": "x"}) is None
+
+
+def test_other_routers_requests_are_the_engines_busy_slots_less_ours_when_it_answered():
+    ep = Endpoint("a", "http://a", ("m",))
+    now = time.time()
+    ep.signal = Signal(slots=4, busy=3, at=now, own=1)
+    ep.outstanding = 0  # ours ended since the probe: it still says two are someone else's
+    assert _others(now)(ep) == 2
+    ep.signal = Signal(slots=4, busy=2, at=now, own=2)  # all of them ours
+    assert _others(now)(ep) == 0
+    ep.signal = Signal(slots=4, busy=3, at=now - 60, own=0)  # too old to believe
+    assert _others(now)(ep) == 0

@@ -28,12 +28,14 @@ class Signal:
     """What an engine last said: its slots and how many are busy, or how many requests
     it has waiting (vLLM), and when."""
 
-    __slots__ = ("slots", "busy", "waiting", "at", "ctx")
+    __slots__ = ("slots", "busy", "waiting", "at", "ctx", "own")
 
     def __init__(self, slots: int = 0, busy: int = 0, waiting: int = 0, at: float = 0.0,
-                 ctx: int = 0):  # fmt: skip
+                 ctx: int = 0, own: int | None = None):  # fmt: skip
         self.slots, self.busy, self.waiting, self.at = slots, busy, waiting, at
         self.ctx = ctx  # tokens of context over every slot (its prompt cache), 0: unknown
+        # This router's requests on the engine when it answered (None: not noted).
+        self.own = own
 
 
 def parse_slots(data) -> tuple[int, int] | None:
@@ -128,12 +130,13 @@ class Probe:
         try:
             if kind in ("", "slots", "none"):
                 status, body = self._get(ep, "/slots")
+                own = ep.outstanding  # as the engine answered: its busy slots include them
                 parsed = parse_slots(json.loads(body)) if status == 200 else None
                 if parsed is not None:
                     ctx = sum(
                         s["n_ctx"] for s in json.loads(body) if isinstance(s.get("n_ctx"), int)
                     )
-                    ep.signal = Signal(parsed[0], parsed[1], 0, now, max(0, ctx))
+                    ep.signal = Signal(parsed[0], parsed[1], 0, now, max(0, ctx), own)
                     self._kind[ep.id] = ("slots", now)
                     return
             status, body = self._get(ep, "/metrics")

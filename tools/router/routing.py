@@ -41,13 +41,16 @@ SIGNAL_STALE_S = 5.0
 
 def _others(wall: float):
     """Requests other routers have in flight on an endpoint, as its engine said lately:
-    its busy slots less this router's own requests (0 when it did not say)."""
+    its busy slots less this router's own requests then (0 when it did not say). Its
+    own as they were when the engine answered, not as they are now: with those, a
+    router alone counted its own requests that had ended since as someone else's."""
 
     def others(ep) -> int:
         sig = ep.signal
         if sig is None or wall - sig.at > SIGNAL_STALE_S or not sig.slots:
             return 0
-        return max(0, sig.busy - ep.outstanding)
+        own = sig.own if sig.own is not None else ep.outstanding
+        return max(0, sig.busy - own)
 
     return others
 

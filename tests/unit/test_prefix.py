@@ -21,6 +21,13 @@ class Ep:
     outstanding: int = 0
 
 
+def holds(idx: PrefixIndex, replica: str, payload: dict) -> None:
+    """`replica` was sent `payload` and answered it: it holds that prompt."""
+    key = request_key(payload)
+    idx.sent(replica, key, 0)
+    idx.served(replica, key, 0, None)
+
+
 def chat(*turns, system=SYSTEM, model="m", **extra):
     messages = [{"role": "system", "content": system}]
     for i, text in enumerate(turns):
@@ -131,9 +138,7 @@ def test_every_replica_together_stays_under_the_memory_ceiling():
 def test_the_load_guard_sends_to_the_least_loaded_and_records_the_prefix_there():
     idx = PrefixIndex()
     a, b = Ep("a"), Ep("b")
-    hot = request_key(chat("q"))
-    idx.sent("a", hot, 0)
-    idx.served("a", hot, 0, None)
+    holds(idx, "a", chat("q"))
     a.outstanding, b.outstanding = 3, 0  # 3 more than b, and over 1.5× as many
     key = request_key(chat("q", "r", "s"))
     assert idx.choose([a, b], key) is b
@@ -143,9 +148,7 @@ def test_the_load_guard_sends_to_the_least_loaded_and_records_the_prefix_there()
 def test_the_load_guard_waits_for_more_than_the_slots_of_a_replica():
     idx = PrefixIndex()
     a, b = Ep("a"), Ep("b")
-    hot = request_key(chat("q"))
-    idx.sent("a", hot, 0)
-    idx.served("a", hot, 0, None)
+    holds(idx, "a", chat("q"))
     a.outstanding, b.outstanding = 3, 0
     key = request_key(chat("q", "r", "s"))
     assert idx.choose([a, b], key, slots_of=lambda ep: 4) is a  # 3 more is within 4 slots
@@ -157,9 +160,7 @@ def test_the_load_guard_waits_for_more_than_the_slots_of_a_replica():
 def test_requests_other_routers_have_in_flight_count_against_a_replica():
     idx = PrefixIndex()
     a, b = Ep("a"), Ep("b")
-    hot = request_key(chat("q"))
-    idx.sent("a", hot, 0)
-    idx.served("a", hot, 0, None)
+    holds(idx, "a", chat("q"))
     key = request_key(chat("q", "r", "s"))
     assert idx.choose([a, b], key, slots_of=lambda ep: 2) is a  # this router's view alone
     idx.served("a", key, 0, None)

@@ -15,44 +15,63 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 
+class _Family:
+    """A metric's children by label values, made on first use; registered to be read at
+    scrape time (collect, describe)."""
+
+    kind = None  # the prometheus_client family class it is exposed as
+
+    def __init__(self, name: str, documentation: str, labelnames, registry):
+        self.name, self.documentation = name, documentation
+        self.labelnames = tuple(labelnames)
+        self._children: dict[tuple, object] = {}
+
+    def labels(self, *values):
+        key = tuple(str(v) for v in values)
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name}: want labels {self.labelnames}, got {key}")
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._child()
+        return child
+
+    def _child(self):
+        raise NotImplementedError
+
+    def describe(self):
+        yield self.kind(self.name, self.documentation, labels=self.labelnames)
+
+
 class _Count:
-    __slots__ = ("value",)
+    __slots__ = ("value", "created")
 
     def __init__(self):
         self.value = 0.0
+        self.created = time.time()
 
     def inc(self, amount: float = 1.0) -> None:
         self.value += amount
 
 
-class LoopCounter:
+class LoopCounter(_Family):
     """A counter updated on the event loop without a lock; as prometheus_client's
     Counter exposes it (NAME_total, NAME_created)."""
 
+    kind = CounterMetricFamily
+
     def __init__(self, name: str, documentation: str, labelnames=(), registry=REGISTRY):
-        self.name, self.documentation = name.removesuffix("_total"), documentation
-        self.labelnames = tuple(labelnames)
-        self._children: dict[tuple, tuple[_Count, float]] = {}
+        super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
         if registry is not None:
             registry.register(self)
 
-    def labels(self, *values) -> _Count:
-        key = tuple(str(v) for v in values)
-        if len(key) != len(self.labelnames):
-            raise ValueError(f"{self.name}: want labels {self.labelnames}, got {key}")
-        got = self._children.get(key)
-        if got is None:
-            got = self._children[key] = (_Count(), time.time())
-        return got[0]
+    def _child(self) -> _Count:
+        return _Count()
 
     def collect(self):
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for key, (child, created) in list(self._children.items()):
-            family.add_metric(key, child.value, created=created)
+        for key, child in list(self._children.items()):
+            family.add_metric(key, child.value, created=child.created)
         yield family
-
-    def describe(self):
-        yield CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
 
 class _Buckets:
@@ -69,30 +88,24 @@ class _Buckets:
         self.sum += value
 
 
-class LoopHistogram:
+class LoopHistogram(_Family):
     """A histogram updated on the event loop without a lock; exposed as
     prometheus_client's Histogram is (NAME_bucket, NAME_sum, NAME_count)."""
 
+    kind = HistogramMetricFamily
+
     def __init__(self, name: str, documentation: str, labelnames=(), buckets=(),
                  registry=REGISTRY):  # fmt: skip
-        self.name, self.documentation = name, documentation
-        self.labelnames = tuple(labelnames)
+        super().__init__(name, documentation, labelnames, registry)
         self.bounds = tuple(float(b) for b in buckets if b != float("inf"))
         if list(self.bounds) != sorted(set(self.bounds)) or not self.bounds:
             raise ValueError(f"{name}: buckets must be increasing")
-        self._children: dict[tuple, _Buckets] = {}
         self._one = None if self.labelnames else self.labels()
         if registry is not None:
             registry.register(self)
 
-    def labels(self, *values) -> _Buckets:
-        key = tuple(str(v) for v in values)
-        if len(key) != len(self.labelnames):
-            raise ValueError(f"{self.name}: want labels {self.labelnames}, got {key}")
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = _Buckets(self.bounds)
-        return child
+    def _child(self) -> _Buckets:
+        return _Buckets(self.bounds)
 
     def observe(self, value: float) -> None:
         """For a histogram without labels."""
@@ -108,9 +121,6 @@ class LoopHistogram:
                 buckets.append((floatToGoString(bound), running))
             family.add_metric(key, buckets, total)
         yield family
-
-    def describe(self):
-        yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -3,13 +3,14 @@
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import requests
+
+from llmgw_agentd.process import port_free
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -45,13 +46,8 @@ def free_port() -> int:
     """A loopback port nothing listens on now, for a server a test starts."""
     for _ in range(10_000):
         port = _PORTS.randint(20_000, 32_000)
-        if port in _GIVEN:
+        if port in _GIVEN or not port_free(port):
             continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
         _GIVEN.add(port)
         return port
     raise RuntimeError("no free loopback port between 20000 and 32000")
@@ -70,20 +66,11 @@ def free_range(n: int = 21) -> tuple[int, int]:
         lo = _range_next
         _range_next = lo + n if lo + 2 * n <= _RANGES[1] else _RANGES[0]
         block = range(lo, lo + n)
-        if any(p in _GIVEN or not _bindable(p) for p in block):
+        if any(p in _GIVEN or not port_free(p) for p in block):
             continue
         _GIVEN.update(block)
         return lo, lo + n - 1
     raise RuntimeError(f"no {n} free consecutive loopback ports")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class Proc:

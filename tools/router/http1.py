@@ -197,8 +197,7 @@ class Conn(asyncio.Protocol):
 
     __slots__ = ("server", "transport", "parser", "url", "fields", "head_bytes", "in_head",
                  "receiving", "queue", "serving", "task", "closing", "paused_writing",
-                 "paused_reading", "drain", "deadline", "broken", "field_bytes",
-                 "max_field_bytes")  # fmt: skip
+                 "paused_reading", "drain", "deadline", "broken", "field_bytes")  # fmt: skip
 
     def __init__(self, server: "Server"):
         self.server = server
@@ -219,7 +218,6 @@ class Conn(asyncio.Protocol):
         self.deadline = 0.0  # when the current wait (idle, head, body) runs out
         self.broken: Answer | None = None  # answered after the requests before it
         self.field_bytes = 0
-        self.max_field_bytes = server.rc.max_header_bytes
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -305,7 +303,7 @@ class Conn(asyncio.Protocol):
         # are decoded together once the head is complete.
         self.fields.append((name, value))
         self.field_bytes += len(name) + len(value) + 4
-        if self.field_bytes > self.max_field_bytes:
+        if self.field_bytes > self.server.rc.max_header_bytes:
             raise _TooLong(431, "The request's headers are too large.")
 
     def on_headers_complete(self) -> None:

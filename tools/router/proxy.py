@@ -287,8 +287,10 @@ class Proxy:
             if deadline is None:
                 deadline = time.monotonic() + self.queue_deadline_s
             wait = deadline - time.monotonic() if last or first else 0.0
-            admitted = self.admission.enter_now(name)  # the usual case: a slot is free
-            if not admitted and not await self.admission.enter(name, band, wait):
+            # enter_now first: the usual case, a free slot, needs no coroutine.
+            if not self.admission.enter_now(name) and not await self.admission.enter(
+                name, band, wait
+            ):
                 err = err if err is not None else ticket.fail(saturated(name, ticket.rid))
                 self._fell_back(ticket.model, names, i, "saturated")
                 continue

@@ -188,13 +188,17 @@ class Connection(asyncio.Protocol):
         """Every whole chunk in the buffer, handed on together (one wake-up, not one a
         chunk: an engine's burst of events is relayed as one piece anyway)."""
         got: list[bytes] = []
+        ended = False
         try:
-            self._take_chunks(self.buf, got)
-        finally:
+            ended = self._take_chunks(self.buf, got)
+        finally:  # what was whole before a malformed chunk still goes on
             if got:
                 self._deliver(got[0] if len(got) == 1 else b"".join(got))
+        if ended:
+            self._done()
 
-    def _take_chunks(self, buf: bytes, got: list) -> None:
+    def _take_chunks(self, buf: bytes, got: list) -> bool:
+        """Whole chunks' data into `got`; True once the last chunk has come."""
         pos = 0
         while True:
             eol = buf.find(b"\r\n", pos)
@@ -207,17 +211,14 @@ class Connection(asyncio.Protocol):
                 if end < 0:
                     break
                 self.buf = buf[end + 4 :]
-                if got:  # before the end is marked, so the reader sees them first
-                    self._deliver(b"".join(got))
-                    got.clear()
-                self._done()
-                return
+                return True
             start = eol + 2
             if len(buf) < start + size + 2:
                 break
             got.append(buf[start : start + size])
             pos = start + size + 2
         self.buf = buf[pos:]
+        return False
 
     def _deliver(self, piece: bytes) -> None:
         self.pieces.append(piece)
@@ -256,9 +257,12 @@ class Connection(asyncio.Protocol):
             self.waiter = self.loop.create_future()
             await self.waiter
             self.waiter = None
+        return self.take()
+
+    def take(self) -> bytes:
+        """Every piece that has come, as one: one pass through the relay and one write
+        to the client, not one per engine write; reading resumes if it had paused."""
         pieces = self.pieces
-        # What came while the reader was busy goes on as one piece: one pass through
-        # the relay and one write to the client, not one per engine write.
         piece = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
         pieces.clear()
         self.buffered -= len(piece)
@@ -308,14 +312,7 @@ class Response:
         conn = self.conn
         if not conn.complete or conn.error is not None:
             return None
-        pieces = conn.pieces
-        body = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
-        pieces.clear()
-        conn.buffered = 0
-        if conn.paused and conn.transport is not None:
-            conn.paused = False  # a reused connection must be read again
-            conn.transport.resume_reading()
-        return body
+        return conn.take()
 
     async def read(self) -> bytes:
         parts = []

@@ -187,7 +187,10 @@ async def drive(urls: list[str], key: str, convs: list[dict]) -> tuple[list[dict
             for q in conv["questions"]:
                 url, sent = urls[sent % len(urls)], sent + 1
                 messages = [*messages, {"role": "user", "content": q}]
+                t0 = time.perf_counter()
                 res = await one_turn(session, url, key, messages)
+                res.update(router=urls.index(url), turn=len(messages) // 2, start=t0,
+                           took=time.perf_counter() - t0)  # fmt: skip
                 results.append(res)
                 messages = [*messages, {"role": "assistant", "content": res["reply"]}]
 
@@ -226,6 +229,10 @@ def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
             stop(proc)
         for r in replicas:
             r.stop()
+    dump = WORK_DIR / f"requests-{policy}-{routers}.jsonl"
+    with dump.open("w") as f:
+        for x in results:
+            f.write(json.dumps({k: v for k, v in x.items() if k != "reply"}) + "\n")
     ttfts = [x["ttft"] for x in results]
     prompt_n = sum(int(x["timings"].get("prompt_n", 0)) for x in results)
     prompt = sum(int(x["usage"].get("prompt_tokens", 0)) for x in results)
@@ -269,6 +276,9 @@ def main() -> None:
     parser.add_argument("--no-pair", action="store_true",
                         help="leave out the two routers behind a load balancer")  # fmt: skip
     parser.add_argument("--out", default="ROUTING.md", help="the report, in bench/")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only these (round-robin, least-outstanding, prefix,"
+                             " pair-least-outstanding, pair-prefix); no gates")  # fmt: skip
     args = parser.parse_args()
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
@@ -280,12 +290,15 @@ def main() -> None:
 
     main_convs = conversations(args.turns, args.groups, args.per_group)
     measured = {}
+    only = set(args.only)
     for policy in POLICIES:
+        if only and policy not in only:
+            continue
         m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram)
         measured[policy] = m
         print(row(m), flush=True)
     controls = []
-    if not args.no_controls:
+    if not args.no_controls and not only:
         unique = conversations(1, groups=1, per_group=12, unique=True)
         for policy in ("least-outstanding", "prefix"):
             m = run_policy(policy, unique, key_file, engine_key, args.cache_ram)
@@ -300,11 +313,15 @@ def main() -> None:
     pair = {}
     if not args.no_pair:
         for policy in ("least-outstanding", "prefix"):
+            if only and f"pair-{policy}" not in only:
+                continue
             m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram, routers=2)
             m["policy"] = f"two routers, {policy}"
             pair[policy] = m
             print(row(m), flush=True)
 
+    if only:
+        return
     rr, lo, px = measured["round-robin"], measured["least-outstanding"], measured["prefix"]
     ratio = px["prompt_n"] / rr["prompt_n"] if rr["prompt_n"] else float("nan")
     gates = [

@@ -5,10 +5,12 @@ from dataclasses import dataclass
 
 from llmgw_router.prefix import (
     BLOCK_CHARS,
+    DECODE_WEIGHT_MAX,
     ENTRY_BYTES,
     PrefixIndex,
     cached_tokens,
     canonical,
+    decode_weight,
     request_key,
 )
 
@@ -73,10 +75,55 @@ def test_a_replica_holding_the_conversation_gets_its_next_turn():
     assert idx.choose([a, b], key) is first
 
 
-def test_a_prompt_nobody_holds_goes_to_the_least_outstanding():
+def test_a_prompt_nobody_holds_goes_to_the_least_loaded():
+    for busy, idle in (("a", "b"), ("b", "a")):  # whichever is its hash's first choice
+        idx = PrefixIndex()
+        eps = {"a": Ep("a"), "b": Ep("b")}
+        eps[busy].outstanding = 1
+        idx.sent(busy, request_key(chat("other", system="other")), 0)
+        key = request_key(chat("q", system="fresh " * 50))
+        assert idx.choose(list(eps.values()), key).id == idle
+
+
+def test_routers_that_never_saw_each_others_traffic_send_a_new_prompt_one_way():
+    """Two routers, each with its own memory and its candidates in its own order: a
+    prompt neither has seen goes to the same replica from both (rendezvous hashing on
+    its first block), so a shared system prompt is evaluated once, not once per router.
+    Prompts that differ from the first block spread over the replicas."""
+    chosen = {}
+    for n in range(40):
+        system = f"Team {n} rules. " + "Be brief. " * 40
+        key1, key2 = request_key(chat("q", system=system)), request_key(chat("r", system=system))
+        one = PrefixIndex().choose([Ep("a"), Ep("b"), Ep("c")], key1)
+        two = PrefixIndex().choose([Ep("c"), Ep("b"), Ep("a")], key2)
+        assert one.id == two.id
+        chosen[n] = one.id
+    assert set(chosen.values()) == {"a", "b", "c"}
+
+
+def test_decoded_tokens_weigh_what_the_engine_says_they_cost():
     idx = PrefixIndex()
-    a, b = Ep("a", outstanding=1), Ep("b", outstanding=0)
-    assert idx.choose([a, b], request_key(chat("q", system="fresh " * 50))) is b
+    key = request_key(chat("q", system="short", max_tokens=32))
+    idx.sent("a", key, 0)
+    prompt_only = idx.inflight("a") - 32
+    idx.served("a", key, 0, None, decode_weight=6.5)
+    assert idx.decode_weight("m") == 6.5
+    idx.served("a", key, 0, None, decode_weight=3.0)  # learned as a moving average
+    assert 5 < idx.decode_weight("m") < 6.5
+    key = request_key(chat("q", system="short", max_tokens=32))
+    idx.sent("a", key, 0)
+    assert idx.inflight("a") == prompt_only + 32 * idx.decode_weight("m")
+    idx.served("a", key, 0, None, decode_weight=1e6)  # a nonsense figure is bounded
+    assert idx.decode_weight("m") <= DECODE_WEIGHT_MAX
+    assert idx.decode_weight("other") == 1.0
+
+
+def test_a_decoded_tokens_cost_is_read_from_llama_server_timings():
+    timings = {"prompt_n": 28, "prompt_per_token_ms": 8.0, "predicted_per_token_ms": 50.0}
+    assert decode_weight({"timings": timings}) == 6.25
+    assert decode_weight({"timings": {**timings, "prompt_n": 2}}) is None  # too few to time
+    assert decode_weight({"timings": {**timings, "prompt_per_token_ms": 0}}) is None
+    assert decode_weight({"usage": {"prompt_tokens": 3}}) is None
 
 
 def test_a_shared_system_prompt_held_by_both_still_spreads_by_load():
@@ -174,14 +221,16 @@ def test_requests_other_routers_have_in_flight_count_against_a_replica():
 def test_other_routers_work_weighs_against_a_small_cache_advantage():
     idx = PrefixIndex()
     a, b = Ep("a"), Ep("b")
-    short = request_key(chat("q", system="short"))
+    system = "Be short. " * 30
+    short = request_key(chat("q", system=system))
     idx.sent("a", short, 0)
     idx.served("a", short, 0, None)  # a holds a prompt of a few blocks; this router's
     # average request is what that one was (its prompt and max_tokens' 256)
-    key = request_key(chat("q", "r", "s", system="short"))
+    key = request_key(chat("q", "r", "s", system=system))
+    assert idx.match("a", key) >= 2
     assert idx.choose([a, b], key) is a
     idx.served("a", key, 0, None)
-    key = request_key(chat("q", "r", "t", system="short"))
+    key = request_key(chat("q", "r", "t", system=system))
     assert idx.choose([a, b], key, others_of=lambda ep: 1 if ep is a else 0) is b
 
 

@@ -14,7 +14,7 @@ from llmgw import log
 from llmgw_router import metrics
 from llmgw_router.errors import ApiError, Untranslatable, api_error
 from llmgw_router.exchange import Answer, Stream, loads
-from llmgw_router.prefix import cached_tokens
+from llmgw_router.prefix import cached_tokens, decode_weight
 from llmgw_router.routing import Endpoint
 from llmgw_router.upstream import Response, UpstreamError
 
@@ -260,6 +260,7 @@ class Call:
         "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
         "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
         "before_done", "_broke", "field", "translator", "translating", "affinity", "cached",
+        "decode_weight",
     )  # fmt: skip
 
     def __init__(self, up: Upstreams, request, route, rid, model, stream, client_usage, t0,
@@ -297,6 +298,7 @@ class Call:
         self.translator = None  # the request as chat, and chat's answers back (dialects.py)
         self.affinity = None  # the prompt's prefix key, when routing by prefix (prefix.py)
         self.cached = None  # prompt tokens the engine said it reused from its cache
+        self.decode_weight = None  # what its timings say a decoded token costs (prefix.py)
 
     # -- the attempt loop ------------------------------------------------------------
 
@@ -362,7 +364,7 @@ class Call:
                 finally:
                     ep.outstanding -= 1
                     self._routed(ep)
-                    self.cached = None
+                    self.cached = self.decode_weight = None
                     ep.last_used = time.monotonic()
                     upstream.release()
             if self._keepalive_task is not None:
@@ -376,7 +378,9 @@ class Call:
     def _routed(self, ep: Endpoint) -> None:
         """Tell the prefix index the attempt on `ep` ended, and what the engine cached."""
         if self.affinity is not None:
-            out = self.up.table.served(ep, self.affinity, self.prompt_tokens, self.cached)
+            out = self.up.table.served(
+                ep, self.affinity, self.prompt_tokens, self.cached, self.decode_weight
+            )
             metrics.prefix_observed(self.model, out, self.prompt_tokens)
 
     def _translate(self, ep: Endpoint, body: bytes) -> tuple[bytes, bytes]:
@@ -644,6 +648,8 @@ class Call:
         cached = cached_tokens(answer if answer is not None else {"usage": usage})
         if cached is not None:
             self.cached = cached
+        if answer is not None and self.affinity is not None:
+            self.decode_weight = decode_weight(answer)
         # OpenAI's names, or Anthropic's and the Responses API's.
         p = usage.get("prompt_tokens", usage.get("input_tokens"))
         c = usage.get("completion_tokens", usage.get("output_tokens"))

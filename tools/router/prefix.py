@@ -10,15 +10,22 @@ What a replica holds is a guess made from this router's own traffic, bounded the
 the engine's cache is (llama.cpp: slots × context per slot), and corrected by what the
 engine says it reused (`usage.prompt_tokens_details.cached_tokens`, llama-server's
 `timings.cache_n`): where it reused far less than predicted, the chain is dropped there.
+Work in flight is counted in prompt tokens, a decoded token weighing what the engine's
+timings say it costs against a prompt token (on one CPU core about six).
 """
 
 import json
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 BLOCK_CHARS = 128
 CHARS_PER_TOKEN = 4.0  # a start; the tokens engines report refine it per model
 ENTRY_BYTES = 120  # what one remembered block costs: dict slot, int key, list links
+# How much more a decoded token costs an engine than a prompt token, until its timings
+# say (llama-server's `timings`: ms per predicted token / ms per prompt token).
+DECODE_WEIGHT = 1.0
+DECODE_WEIGHT_MAX = 20.0
 # Below this many predicted tokens a miss proves nothing (one block is noise).
 MISS_MIN_TOKENS = 2 * BLOCK_CHARS / CHARS_PER_TOKEN
 
@@ -96,6 +103,10 @@ class Key:
     chars: int
     session: str = ""
     max_tokens: int = 256  # decode work it brings, counted in tokens in flight
+    # A hash of the prompt's first block that every router computes alike: it names the
+    # replica a prompt goes to when nothing else decides (rendezvous hashing), so
+    # routers that never saw each other's traffic still send a shared prompt one way.
+    anchor: int = 0
     # Set by choose() for the replica it went to, read back by served():
     matched: int = 0  # leading blocks that replica was thought to hold
     load: float = 0.0  # tokens of work added to that replica's in-flight count
@@ -107,7 +118,9 @@ def request_key(payload: dict, session: str = "", block_chars: int = BLOCK_CHARS
         return None
     mt = payload.get("max_completion_tokens") or payload.get("max_tokens")
     mt = mt if isinstance(mt, int) and mt > 0 else 256
-    return Key(str(payload.get("model", "")), chain(text, block_chars), len(text), session, mt)
+    anchor = zlib.crc32(text[:block_chars].encode("utf-8", "surrogatepass"))
+    return Key(str(payload.get("model", "")), chain(text, block_chars), len(text), session, mt,
+               anchor)  # fmt: skip
 
 
 class _Replica:
@@ -137,6 +150,7 @@ class PrefixIndex:
     _replicas: dict = field(default_factory=dict)
     _sessions: dict = field(default_factory=dict)  # session -> replica id (bounded LRU)
     _chars_per_token: dict = field(default_factory=dict)  # model -> learned ratio
+    _decode_weight: dict = field(default_factory=dict)  # model -> learned (see DECODE_WEIGHT)
     _entries: int = 0
     _mean_load: float = 0.0  # tokens of work a request of this router adds, on average
 
@@ -147,6 +161,9 @@ class PrefixIndex:
 
     def chars_per_token(self, model: str) -> float:
         return self._chars_per_token.get(model, CHARS_PER_TOKEN)
+
+    def decode_weight(self, model: str) -> float:
+        return self._decode_weight.get(model, DECODE_WEIGHT)
 
     def size(self, replica: str, cache_tokens: int, model: str = "") -> None:
         """How much the engine behind `replica` caches (llama.cpp: slots × ctx per
@@ -195,8 +212,11 @@ class PrefixIndex:
     def choose(self, candidates, key: Key, slots_of=lambda ep: 0, others_of=lambda ep: 0):
         """The candidate (anything with `.id` and `.outstanding`) minimising uncached
         prompt tokens + alpha × tokens in flight; ties to the client's session, then to
-        the least outstanding. A load guard overrides the cache when one replica has
-        piled up far more requests than another. Records the choice (see `sent`).
+        the least outstanding. Every candidate but the prompt's rendezvous-hash first
+        choice (and the session's) pays one block more, so between near equals routers
+        that never saw each other's traffic choose alike. A load guard overrides the
+        cache when one replica has piled up far more requests than another. Records the
+        choice (see `sent`).
 
         `others_of(ep)`: requests other routers have in flight there, as far as the
         engine said lately (probe.py). Each counts as this router's average request in
@@ -211,10 +231,13 @@ class PrefixIndex:
         total = key.chars / cpt
         sticky = self._sessions.get(key.session) if key.session else None
         busy = {ep.id: ep.outstanding + others_of(ep) for ep in candidates}
+        home = max(candidates, key=lambda ep: zlib.crc32(ep.id.encode(), key.anchor))
         best, best_rank, matched = None, None, 0
         for ep in candidates:
             m = self.match(ep.id, key)
             uncached = max(0.0, total - m * per_block)
+            if ep is not home and ep.id != sticky:  # one block's worth: near equals
+                uncached += per_block
             work = self.inflight(ep.id) + (busy[ep.id] - ep.outstanding) * self._mean_load
             rank = (uncached + self.alpha * work, ep.id != sticky, busy[ep.id])
             if best_rank is None or rank < best_rank:
@@ -237,7 +260,8 @@ class PrefixIndex:
         r = self._replica(replica)
         cpt = self.chars_per_token(key.model)
         key.matched = matched
-        key.load = max(0.0, key.chars / cpt - matched * self.block_chars / cpt) + key.max_tokens
+        key.load = (max(0.0, key.chars / cpt - matched * self.block_chars / cpt)
+                    + key.max_tokens * self.decode_weight(key.model))  # fmt: skip
         r.inflight += key.load
         mean = self._mean_load
         self._mean_load = 0.9 * mean + 0.1 * key.load if mean else key.load
@@ -265,10 +289,16 @@ class PrefixIndex:
 
     # -- what the engine said ---------------------------------------------------------
 
-    def served(self, replica: str, key: Key, prompt_tokens: int, cached: int | None) -> Outcome:
+    def served(self, replica: str, key: Key, prompt_tokens: int, cached: int | None,
+               decode_weight: float | None = None) -> Outcome:  # fmt: skip
         """The request sent with `sent()` ended. With the engine's prompt token count,
-        learn the model's characters per token; with its cached count, drop the part of
-        the chain it had not kept, when it kept far less than predicted."""
+        learn the model's characters per token; with its timings, what a decoded token
+        costs against a prompt token; with its cached count, drop the part of the chain
+        it had not kept, when it kept far less than predicted."""
+        if decode_weight is not None:
+            w = min(DECODE_WEIGHT_MAX, max(1.0, decode_weight))
+            old = self._decode_weight.get(key.model)
+            self._decode_weight[key.model] = w if old is None else 0.8 * old + 0.2 * w
         r = self._replicas.get(replica)
         if r is not None:
             r.inflight = max(0.0, r.inflight - key.load)
@@ -289,6 +319,20 @@ class PrefixIndex:
                     self._entries -= 1
                     dropped += 1
         return Outcome(predicted, cached, dropped)
+
+
+def decode_weight(answer: dict) -> float | None:
+    """ms per decoded token over ms per prompt token, from llama-server's `timings`;
+    None when the answer has no such figures (other engines, a prompt all cached)."""
+    timings = answer.get("timings")
+    if not isinstance(timings, dict):
+        return None
+    prompt, decode = timings.get("prompt_per_token_ms"), timings.get("predicted_per_token_ms")
+    if not isinstance(prompt, int | float) or not isinstance(decode, int | float):
+        return None
+    if prompt <= 0 or decode <= 0 or timings.get("prompt_n", 0) < 8:
+        return None
+    return decode / prompt
 
 
 def cached_tokens(answer: dict) -> int | None:

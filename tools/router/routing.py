@@ -236,9 +236,10 @@ class RoutingTable:
                 best = ep
         return best
 
-    def served(self, ep: Endpoint, key: Key, prompt_tokens: int, cached: int | None) -> Outcome:
+    def served(self, ep: Endpoint, key: Key, prompt_tokens: int, cached: int | None,
+               decode_weight: float | None = None) -> Outcome:  # fmt: skip
         """The request picked with `key` ended: what the index predicted and learned."""
-        return self.prefix.served(ep.id, key, prompt_tokens, cached)
+        return self.prefix.served(ep.id, key, prompt_tokens, cached, decode_weight)
 
     def retry_after(self, model: str, now: float) -> float:
         """Seconds until the first endpoint of `model` comes out of cooldown."""

@@ -46,6 +46,7 @@ POLICIES = ("round-robin", "least-outstanding", "prefix")
 GROUPS, PER_GROUP, CONCURRENCY, MAX_TOKENS, SEED = 4, 8, 4, 32, 7
 TOPICS = ["tides", "glaciers", "volcanoes", "deserts", "rivers", "forests", "caves"]
 WORK_DIR = WORK / "routing"
+PROBE_S = ""  # --probe-s: the routers' engine_probe_s line, or theirs by default
 
 
 def system_prompt(group: int, rng: random.Random, rules: int = 62) -> str:
@@ -127,7 +128,7 @@ def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 
     config.write_text(
         f'[log]\nlevel = "warning"\n[paths]\nstate_dir = "."\n[router]\n'
         f'listen = "127.0.0.1:{port}"\nrouting = "{policy}"\n'
-        f"upstream_timeout_s = 300.0\n{eps}"
+        f"upstream_timeout_s = 300.0\n{PROBE_S}{eps}"
     )
     env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{store}")
     api_key = None
@@ -190,7 +191,7 @@ async def drive(urls: list[str], key: str, convs: list[dict]) -> tuple[list[dict
                 t0 = time.perf_counter()
                 res = await one_turn(session, url, key, messages)
                 res.update(router=urls.index(url), turn=len(messages) // 2, start=t0,
-                           took=time.perf_counter() - t0)  # fmt: skip
+                           conv=id(conv), took=time.perf_counter() - t0)  # fmt: skip
                 results.append(res)
                 messages = [*messages, {"role": "assistant", "content": res["reply"]}]
 
@@ -279,7 +280,12 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[],
                         help="run only these (round-robin, least-outstanding, prefix,"
                              " pair-least-outstanding, pair-prefix); no gates")  # fmt: skip
+    parser.add_argument("--probe-s", type=float, default=None,
+                        help="the routers' router.engine_probe_s (default: theirs)")  # fmt: skip
     args = parser.parse_args()
+    if args.probe_s is not None:
+        global PROBE_S
+        PROBE_S = f"engine_probe_s = {args.probe_s}\n"
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
     engine_key = secrets.token_urlsafe(24)

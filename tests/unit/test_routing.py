@@ -135,6 +135,13 @@ def test_prefix_routing_sends_a_conversation_back_where_its_prompt_went():
         t.served(ep, k, 300, 250)
 
 
+def test_prefix_routing_sends_a_request_without_a_prompt_to_the_least_outstanding():
+    t = RoutingTable([Endpoint(i, f"http://{i}", ("m",)) for i in "ab"], routing="prefix")
+    t.endpoints()[0].outstanding = 2
+    assert t.key({"model": "m", "input": ["an", "embedding"]}) is None
+    assert [t.pick("m", now=0).id for _ in range(4)] == ["b"] * 4
+
+
 def test_an_unknown_routing_is_refused_with_the_ones_there_are():
     with pytest.raises(ValueError, match="least-outstanding, prefix, round-robin"):
         RoutingTable([], routing="random")

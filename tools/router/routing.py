@@ -204,14 +204,15 @@ class RoutingTable:
 
         Ties go round-robin, so light traffic still spreads over every endpoint. With a
         prefix `key`, the choice is the prefix index's; each pick with a key must be
-        followed by `served()` with it.
+        followed by `served()` with it. Under prefix routing a request with no prompt
+        to key on (embeddings) goes to the least outstanding.
         """
         eps = self._by_model.get(model)
         if not eps:
             return None
         n = len(eps)
         self._turn += 1
-        if self.routing != "least-outstanding":
+        if self.routing == "round-robin" or (key is not None and self.prefix is not None):
             live = [
                 eps[(self._turn + i) % n]
                 for i in range(n)
@@ -221,7 +222,7 @@ class RoutingTable:
             if not live:
                 return None
             if key is None or self.prefix is None:
-                return live[0]  # round-robin (or prefix with no prompt: in turn)
+                return live[0]  # round-robin
             for ep in live:
                 sig = ep.signal
                 if sig is not None and getattr(sig, "ctx", 0):

@@ -46,7 +46,7 @@ POLICIES = ("round-robin", "least-outstanding", "prefix")
 GROUPS, PER_GROUP, CONCURRENCY, MAX_TOKENS, SEED = 4, 8, 4, 32, 7
 TOPICS = ["tides", "glaciers", "volcanoes", "deserts", "rivers", "forests", "caves"]
 WORK_DIR = WORK / "routing"
-PROBE_S = ""  # --probe-s: the routers' engine_probe_s line, or theirs by default
+EXTRA = ""  # --probe-s, --alpha: lines for the routers' [router], or their defaults
 
 
 def system_prompt(group: int, rng: random.Random, rules: int = 62) -> str:
@@ -128,7 +128,7 @@ def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 
     config.write_text(
         f'[log]\nlevel = "warning"\n[paths]\nstate_dir = "."\n[router]\n'
         f'listen = "127.0.0.1:{port}"\nrouting = "{policy}"\n'
-        f"upstream_timeout_s = 300.0\n{PROBE_S}{eps}"
+        f"upstream_timeout_s = 300.0\n{EXTRA}{eps}"
     )
     env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{store}")
     api_key = None
@@ -282,10 +282,14 @@ def main() -> None:
                              " pair-least-outstanding, pair-prefix); no gates")  # fmt: skip
     parser.add_argument("--probe-s", type=float, default=None,
                         help="the routers' router.engine_probe_s (default: theirs)")  # fmt: skip
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="the routers' router.prefix_alpha (default: theirs)")  # fmt: skip
     args = parser.parse_args()
+    global EXTRA
     if args.probe_s is not None:
-        global PROBE_S
-        PROBE_S = f"engine_probe_s = {args.probe_s}\n"
+        EXTRA += f"engine_probe_s = {args.probe_s}\n"
+    if args.alpha is not None:
+        EXTRA += f"prefix_alpha = {args.alpha}\n"
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
     engine_key = secrets.token_urlsafe(24)

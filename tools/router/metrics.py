@@ -21,7 +21,7 @@ class _Family:
 
     kind = None  # the prometheus_client family class it is exposed as
 
-    def __init__(self, name: str, documentation: str, labelnames, registry):
+    def __init__(self, name: str, documentation: str, labelnames):
         self.name, self.documentation = name, documentation
         self.labelnames = tuple(labelnames)
         self._children: dict[tuple, object] = {}
@@ -60,7 +60,7 @@ class LoopCounter(_Family):
     kind = CounterMetricFamily
 
     def __init__(self, name: str, documentation: str, labelnames=(), registry=REGISTRY):
-        super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
+        super().__init__(name.removesuffix("_total"), documentation, labelnames)
         if registry is not None:
             registry.register(self)
 
@@ -96,7 +96,7 @@ class LoopHistogram(_Family):
 
     def __init__(self, name: str, documentation: str, labelnames=(), buckets=(),
                  registry=REGISTRY):  # fmt: skip
-        super().__init__(name, documentation, labelnames, registry)
+        super().__init__(name, documentation, labelnames)
         self.bounds = tuple(float(b) for b in buckets if b != float("inf"))
         if list(self.bounds) != sorted(set(self.bounds)) or not self.bounds:
             raise ValueError(f"{name}: buckets must be increasing")

@@ -228,14 +228,13 @@ class PrefixIndex:
             return None
         cpt = self.chars_per_token(key.model)
         per_block = self.block_chars / cpt
-        total = key.chars / cpt
         sticky = self._sessions.get(key.session) if key.session else None
         busy = {ep.id: ep.outstanding + others_of(ep) for ep in candidates}
         home = max(candidates, key=lambda ep: zlib.crc32(ep.id.encode(), key.anchor))
         best, best_rank, matched = None, None, 0
         for ep in candidates:
             m = self.match(ep.id, key)
-            uncached = max(0.0, total - m * per_block)
+            uncached = self._uncached(key, m, cpt)
             if ep is not home and ep.id != sticky:  # one block's worth: near equals
                 uncached += per_block
             work = self.inflight(ep.id) + (busy[ep.id] - ep.outstanding) * self._mean_load
@@ -254,14 +253,18 @@ class PrefixIndex:
         self.sent(best.id, key, matched)
         return best
 
+    def _uncached(self, key: Key, matched: int, cpt: float) -> float:
+        """Tokens of `key`'s prompt past its first `matched` blocks."""
+        return max(0.0, (key.chars - matched * self.block_chars) / cpt)
+
     def sent(self, replica: str, key: Key, matched: int) -> None:
         """`key` went to `replica`: after it, the engine holds its prompt; until it
         ends, its uncached prompt and its decode count as work in flight there."""
         r = self._replica(replica)
         cpt = self.chars_per_token(key.model)
         key.matched = matched
-        key.load = (max(0.0, key.chars / cpt - matched * self.block_chars / cpt)
-                    + key.max_tokens * self.decode_weight(key.model))  # fmt: skip
+        decode = key.max_tokens * self.decode_weight(key.model)
+        key.load = self._uncached(key, matched, cpt) + decode
         r.inflight += key.load
         mean = self._mean_load
         self._mean_load = 0.9 * mean + 0.1 * key.load if mean else key.load

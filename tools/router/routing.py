@@ -221,8 +221,8 @@ class RoutingTable:
             ]
             if not live:
                 return None
-            if key is None or self.prefix is None:
-                return live[0]  # round-robin
+            if self.routing == "round-robin":
+                return live[0]
             for ep in live:
                 sig = ep.signal
                 if sig is not None and getattr(sig, "ctx", 0):

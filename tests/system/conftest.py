@@ -294,7 +294,13 @@ class Cluster:
     def shards(self, node: str) -> list[dict]:
         """The shards an agent's state files record (what runs on that node)."""
         d = self.tmp / f"agent-{node}" / "shards"
-        return [json.loads(p.read_text()) for p in sorted(d.glob("*.json"))] if d.exists() else []
+        out = []
+        for p in sorted(d.glob("*.json")) if d.exists() else ():
+            try:
+                out.append(json.loads(p.read_text()))
+            except FileNotFoundError:
+                continue  # the agent removed it between the listing and the read
+        return out
 
     def engine_pids(self) -> set[int]:
         """Every fake engine process running on this machine for this cluster."""

@@ -30,6 +30,11 @@ class Logger:
     def __init__(self, name: str):
         self._log = logging.getLogger(name)
 
+    @property
+    def debugging(self) -> bool:
+        """Whether debug lines are written: check before building costly fields."""
+        return self._log.isEnabledFor(logging.DEBUG)
+
     def debug(self, event: str, **kv):
         if self._log.isEnabledFor(logging.DEBUG):
             self._log.debug(fields(event, **kv))

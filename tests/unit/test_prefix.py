@@ -1,6 +1,7 @@
 """Prefix-aware routing's bookkeeping: keys, matching, LRU bounds, the load guard and
 self-correction from what the engine says it reused."""
 
+import logging
 from dataclasses import dataclass
 
 from llmgw_router.prefix import (
@@ -283,3 +284,28 @@ def test_cached_tokens_are_read_from_usage_or_llama_server_timings():
     assert cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": 12}}}) == 12
     assert cached_tokens({"usage": {"prompt_tokens": 3}, "timings": {"cache_n": 7}}) == 7
     assert cached_tokens({"usage": {"prompt_tokens": 3}}) is None
+
+
+def test_at_debug_level_each_choice_says_why_and_each_outcome_what_the_engine_kept(caplog):
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    holds(idx, "a", chat("q"))
+    a.outstanding, b.outstanding = 3, 0
+    with caplog.at_level(logging.DEBUG, logger="llmgw.router.prefix"):
+        key = request_key(chat("q", "r", "s"))  # at debug level it carries its prompt's crc
+        held = idx.match("a", key)
+        assert 0 < held < len(key.blocks)
+        assert idx.choose([a, b], key) is b  # the load guard overrides a's cache
+        idx.served("b", key, prompt_tokens=key.chars // 4, cached=0)
+    chose, served = (r.getMessage() for r in caplog.records)
+    assert chose.startswith("prefix chose replica=b ")
+    assert f"crc={key.crc}" in chose and key.crc and "load-guard" in chose
+    assert f"a:matched={held}," in chose and "own=3" in chose
+    assert served.startswith("prefix served replica=b ") and "cached=0" in served
+
+
+def test_below_debug_level_the_choice_builds_no_trace(caplog):
+    idx = PrefixIndex()
+    with caplog.at_level(logging.INFO, logger="llmgw.router.prefix"):
+        idx.choose([Ep("a"), Ep("b")], request_key(chat("q")))
+    assert caplog.records == []

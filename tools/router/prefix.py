@@ -1,10 +1,11 @@
 """Prefix-aware routing: send a request where its prompt is most likely cached already.
 
-Pure bookkeeping, no I/O, no clock. A request's key is the canonical text of its prompt
-in the order the chat template renders it (model, tools, then each message's role and
-content; a completion's prompt), cut into blocks of `BLOCK_CHARS`, each block's hash
-chained on the previous one's, so one flat dict per replica stands in for a trie: a
-request's match on a replica is the leading run of its blocks that replica holds.
+Pure bookkeeping, no clock, no I/O but its debug lines. A request's key is the
+canonical text of its prompt in the order the chat template renders it (model, tools,
+then each message's role and content; a completion's prompt), cut into blocks of
+`BLOCK_CHARS`, each block's hash chained on the previous one's, so one flat dict per
+replica stands in for a trie: a request's match on a replica is the leading run of its
+blocks that replica holds.
 
 What a replica holds is a guess made from this router's own traffic, bounded the way
 the engine's cache is (llama.cpp: slots × context per slot), and corrected by what the
@@ -18,6 +19,10 @@ import json
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from llmgw import log
+
+_log = log.get("llmgw.router.prefix")
 
 BLOCK_CHARS = 128
 CHARS_PER_TOKEN = 4.0  # a start; the tokens engines report refine it per model
@@ -107,6 +112,7 @@ class Key:
     # replica a prompt goes to when nothing else decides (rendezvous hashing), so
     # routers that never saw each other's traffic still send a shared prompt one way.
     anchor: int = 0
+    crc: int = 0  # of the whole prompt, at debug level only: names it in the trace
     # Set by choose() for the replica it went to, read back by served():
     matched: int = 0  # leading blocks that replica was thought to hold
     load: float = 0.0  # tokens of work added to that replica's in-flight count
@@ -119,8 +125,9 @@ def request_key(payload: dict, session: str = "", block_chars: int = BLOCK_CHARS
     mt = payload.get("max_completion_tokens") or payload.get("max_tokens")
     mt = mt if isinstance(mt, int) and mt > 0 else 256
     anchor = zlib.crc32(text[:block_chars].encode("utf-8", "surrogatepass"))
+    crc = zlib.crc32(text.encode("utf-8", "surrogatepass")) if _log.debugging else 0
     return Key(str(payload.get("model", "")), chain(text, block_chars), len(text), session, mt,
-               anchor)  # fmt: skip
+               anchor, crc)  # fmt: skip
 
 
 class _Replica:
@@ -232,6 +239,7 @@ class PrefixIndex:
         busy = {ep.id: ep.outstanding + others_of(ep) for ep in candidates}
         home = max(candidates, key=lambda ep: zlib.crc32(ep.id.encode(), key.anchor))
         best, best_rank, matched = None, None, 0
+        seen = [] if _log.debugging else None
         for ep in candidates:
             m = self.match(ep.id, key)
             uncached = self._uncached(key, m, cpt)
@@ -241,6 +249,12 @@ class PrefixIndex:
             rank = (uncached + self.alpha * work, ep.id != sticky, busy[ep.id])
             if best_rank is None or rank < best_rank:
                 best, best_rank, matched = ep, rank, m
+            if seen is not None:
+                seen.append(
+                    f"{ep.id}:matched={m},uncached={uncached:.0f},work={work:.0f},"
+                    f"own={ep.outstanding},others={busy[ep.id] - ep.outstanding}"
+                    + (",home" if ep is home else "")
+                )
         least = min(candidates, key=lambda ep: busy[ep.id])
         most = max(busy.values())
         slots = max((slots_of(ep) for ep in candidates), default=0)
@@ -250,6 +264,18 @@ class PrefixIndex:
             and busy[best.id] > busy[least.id]
         ):
             best, matched = least, self.match(least.id, key)
+            if seen is not None:
+                seen.append("load-guard")
+        if seen is not None:  # why it went there: `[log] level = "debug"`
+            _log.debug(
+                "prefix chose",
+                replica=best.id,
+                blocks=len(key.blocks),
+                chars=key.chars,
+                crc=key.crc,
+                anchor=key.anchor,
+                candidates=" ".join(seen),
+            )
         self.sent(best.id, key, matched)
         return best
 
@@ -321,6 +347,8 @@ class PrefixIndex:
                     del r.blocks[h]
                     self._entries -= 1
                     dropped += 1
+        _log.debug("prefix served", replica=replica, crc=key.crc, prompt=prompt_tokens,
+                   predicted=round(predicted), cached=cached, dropped=dropped)  # fmt: skip
         return Outcome(predicted, cached, dropped)
 
 

@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from targets import VENV_BIN, WORK, clean_env, free_port, spawn, stop, wait_read
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from llmgw_router.prefix import canonical  # noqa: E402
 from tests.e2e.test_llama_server import engine_binary, model_file  # noqa: E402
 
 MODEL = "gemma3-270m"
@@ -47,6 +49,8 @@ GROUPS, PER_GROUP, CONCURRENCY, MAX_TOKENS, SEED = 4, 8, 4, 32, 7
 TOPICS = ["tides", "glaciers", "volcanoes", "deserts", "rivers", "forests", "caves"]
 WORK_DIR = WORK / "routing"
 EXTRA = ""  # --probe-s, --alpha: lines for the routers' [router], or their defaults
+ENGINE_ARGS: list[str] = []  # --engine-arg: more llama-server flags for every replica
+LOG_LEVEL = "warning"  # --trace: "debug", each prefix choice and outcome in router.log
 
 
 def system_prompt(group: int, rng: random.Random, rules: int = 62) -> str:
@@ -95,6 +99,7 @@ class Replica:
         ]  # fmt: skip
         if self.cache_ram is not None:
             cmd += ["--cache-ram", str(self.cache_ram)]
+        cmd += ENGINE_ARGS
         self.proc = spawn(cmd, self.log, self.cpu, env=clean_env())
         wait_ready(self.url + "/health", self.proc, self.log, 120, f"llama-server {self.n}")
 
@@ -126,7 +131,7 @@ def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 
     )
     config = work / "llmgw.toml"
     config.write_text(
-        f'[log]\nlevel = "warning"\n[paths]\nstate_dir = "."\n[router]\n'
+        f'[log]\nlevel = "{LOG_LEVEL}"\n[paths]\nstate_dir = "."\n[router]\n'
         f'listen = "127.0.0.1:{port}"\nrouting = "{policy}"\n'
         f"upstream_timeout_s = 300.0\n{EXTRA}{eps}"
     )
@@ -190,8 +195,10 @@ async def drive(urls: list[str], key: str, convs: list[dict]) -> tuple[list[dict
                 messages = [*messages, {"role": "user", "content": q}]
                 t0 = time.perf_counter()
                 res = await one_turn(session, url, key, messages)
+                text = canonical({"model": MODEL, "messages": messages})  # names it in a trace
                 res.update(router=urls.index(url), turn=len(messages) // 2, start=t0,
-                           conv=id(conv), took=time.perf_counter() - t0)  # fmt: skip
+                           conv=id(conv), took=time.perf_counter() - t0,
+                           crc=zlib.crc32(text.encode("utf-8", "surrogatepass")))  # fmt: skip
                 results.append(res)
                 messages = [*messages, {"role": "assistant", "content": res["reply"]}]
 
@@ -200,6 +207,42 @@ async def drive(urls: list[str], key: str, convs: list[dict]) -> tuple[list[dict
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await asyncio.gather(*(worker(session) for _ in range(CONCURRENCY)))
     return results, time.perf_counter() - t0
+
+
+def where_turns_went(policy: str, routers: int) -> str:
+    """With --trace, after a prefix run: each conversation's consecutive turns, by whether
+    one router took both and whether the second went to the replica of the first, and
+    what the engine then evaluated (all cached but the new turn; the conversation's own
+    tail again, 60-500 tokens; or the shared system prompt too). The router logs name the
+    replica of each request: joined on a crc32 of its prompt's canonical text."""
+    went = {}
+    for n in range(routers):
+        for line in (WORK_DIR / f"router-{policy}-{n}" / "router.log").open():
+            m = re.search(r"prefix chose replica=(\S+) .*?crc=(\d+)", line)
+            if m:
+                went[int(m.group(2))] = m.group(1)
+    rows: dict[tuple, list[int]] = {}
+    by_conv: dict[int, list[dict]] = {}
+    for line in (WORK_DIR / f"requests-{policy}-{routers}.jsonl").open():
+        x = json.loads(line)
+        by_conv.setdefault(x["conv"], []).append(x)
+    for turns in by_conv.values():
+        turns.sort(key=lambda x: x["turn"])
+        for a, b in zip(turns, turns[1:], strict=False):
+            ra, rb = went.get(a["crc"]), went.get(b["crc"])
+            n = int(b["timings"].get("prompt_n", 0))
+            row = rows.setdefault((a["router"] == b["router"], ra == rb), [0, 0, 0])
+            row[0 if n <= 60 else 1 if n <= 500 else 2] += 1
+    names = {
+        (True, True): "same router, same replica",
+        (True, False): "same router, moved",
+        (False, True): "other router, same replica",
+        (False, False): "other router, moved",
+    }
+    return "\n".join(
+        f"- {names[k]}: {sum(v)} ({v[0]} hit, {v[1]} tail evaluated again, {v[2]} cold)"
+        for k, v in sorted(rows.items(), reverse=True)
+    )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -284,8 +327,15 @@ def main() -> None:
                         help="the routers' router.engine_probe_s (default: theirs)")  # fmt: skip
     parser.add_argument("--alpha", type=float, default=None,
                         help="the routers' router.prefix_alpha (default: theirs)")  # fmt: skip
+    parser.add_argument("--trace", action="store_true",
+                        help="routers log each prefix choice and outcome (router.log)")  # fmt: skip
+    parser.add_argument("--engine-arg", action="append", default=[],
+                        help="one more llama-server argument for every replica")  # fmt: skip
     args = parser.parse_args()
-    global EXTRA
+    global EXTRA, LOG_LEVEL
+    ENGINE_ARGS.extend(args.engine_arg)
+    if args.trace:
+        LOG_LEVEL = "debug"
     if args.probe_s is not None:
         EXTRA += f"engine_probe_s = {args.probe_s}\n"
     if args.alpha is not None:
@@ -307,6 +357,8 @@ def main() -> None:
         m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram)
         measured[policy] = m
         print(row(m), flush=True)
+        if args.trace and policy == "prefix":
+            print(where_turns_went(policy, 1), flush=True)
     controls = []
     if not args.no_controls and not only:
         unique = conversations(1, groups=1, per_group=12, unique=True)
@@ -329,6 +381,8 @@ def main() -> None:
             m["policy"] = f"two routers, {policy}"
             pair[policy] = m
             print(row(m), flush=True)
+            if args.trace and policy == "prefix":
+                print(where_turns_went(policy, 2), flush=True)
 
     if only:
         return

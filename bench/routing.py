@@ -294,6 +294,32 @@ def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
     }
 
 
+def median_of(runs: list[dict]) -> dict:
+    """One policy's runs (--repeat) as one: the median of every figure, the runs kept."""
+    if len(runs) == 1:
+        return runs[0]
+    m = dict(runs[0], runs=runs)
+    for k in ("requests", "prompt_n", "scraped", "prompt_tokens"):
+        m[k] = int(statistics.median(r[k] for r in runs))
+    for k in ("ttft_p50", "ttft_p95", "rps", "wall_s"):
+        m[k] = statistics.median(r[k] for r in runs)
+    m["per_replica"] = [int(statistics.median(r["per_replica"][i] for r in runs))
+                        for i in range(len(runs[0]["per_replica"]))]  # fmt: skip
+    return m
+
+
+def spread_of(m: dict) -> str:
+    """How far apart a policy's runs came out (--repeat): a difference smaller than this
+    between two policies is not one."""
+    runs = m["runs"]
+    p50 = [r["ttft_p50"] * 1000 for r in runs]
+    p95 = [r["ttft_p95"] * 1000 for r in runs]
+    tokens = [r["prompt_n"] for r in runs]
+    return (f"- {m['policy']}, {len(runs)} runs: TTFT p50 {min(p50):.0f}-{max(p50):.0f} ms, "
+            f"p95 {min(p95):.0f}-{max(p95):.0f} ms, prompt tokens {min(tokens):,}-"
+            f"{max(tokens):,}")  # fmt: skip
+
+
 def row(m: dict) -> str:
     return (
         f"| {m['policy']} | {m['requests']} | {m['prompt_n']:,} | {m['scraped']:,} "
@@ -327,11 +353,16 @@ def main() -> None:
                         help="the routers' router.engine_probe_s (default: theirs)")  # fmt: skip
     parser.add_argument("--alpha", type=float, default=None,
                         help="the routers' router.prefix_alpha (default: theirs)")  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each policy this many times, interleaved; the report "
+                             "gives medians and the spread")  # fmt: skip
     parser.add_argument("--trace", action="store_true",
                         help="routers log each prefix choice and outcome (router.log)")  # fmt: skip
     parser.add_argument("--engine-arg", action="append", default=[],
                         help="one more llama-server argument for every replica")  # fmt: skip
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat takes 1 or more")
     global EXTRA, LOG_LEVEL
     ENGINE_ARGS.extend(args.engine_arg)
     if args.trace:
@@ -349,16 +380,18 @@ def main() -> None:
     load_before = os.getloadavg()[0]
 
     main_convs = conversations(args.turns, args.groups, args.per_group)
-    measured = {}
     only = set(args.only)
-    for policy in POLICIES:
-        if only and policy not in only:
-            continue
-        m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram)
-        measured[policy] = m
-        print(row(m), flush=True)
-        if args.trace and policy == "prefix":
-            print(where_turns_went(policy, 1), flush=True)
+    runs: dict[str, list[dict]] = {}
+    for i in range(args.repeat):  # interleaved, the order turned round each time
+        for policy in POLICIES if i % 2 == 0 else POLICIES[::-1]:
+            if only and policy not in only:
+                continue
+            m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram)
+            runs.setdefault(policy, []).append(m)
+            print(row(m), flush=True)
+            if args.trace and policy == "prefix":
+                print(where_turns_went(policy, 1), flush=True)
+    measured = {policy: median_of(runs[policy]) for policy in POLICIES if policy in runs}
     controls = []
     if not args.no_controls and not only:
         unique = conversations(1, groups=1, per_group=12, unique=True)
@@ -374,15 +407,23 @@ def main() -> None:
         print(row(m), flush=True)
     pair = {}
     if not args.no_pair:
-        for policy in ("least-outstanding", "prefix"):
-            if only and f"pair-{policy}" not in only:
-                continue
-            m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram, routers=2)
-            m["policy"] = f"two routers, {policy}"
-            pair[policy] = m
-            print(row(m), flush=True)
-            if args.trace and policy == "prefix":
-                print(where_turns_went(policy, 2), flush=True)
+        pair_runs: dict[str, list[dict]] = {}
+        both = ("least-outstanding", "prefix")
+        for i in range(args.repeat):
+            for policy in both if i % 2 == 0 else both[::-1]:
+                if only and f"pair-{policy}" not in only:
+                    continue
+                m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram,
+                               routers=2)  # fmt: skip
+                m["policy"] = f"two routers, {policy}"
+                pair_runs.setdefault(policy, []).append(m)
+                print(row(m), flush=True)
+                if args.trace and policy == "prefix":
+                    print(where_turns_went(policy, 2), flush=True)
+        pair = {policy: median_of(pair_runs[policy]) for policy in both if policy in pair_runs}
+    spread = [spread_of(m) for m in (*measured.values(), *pair.values()) if "runs" in m]
+    if spread:
+        print("\n".join(spread), flush=True)
 
     if only:
         return
@@ -429,7 +470,13 @@ def main() -> None:
         f"-c 8192`, `--cache-ram` {ram}; {args.groups} groups × {args.per_group} "
         f"conversations × {args.turns} turns sharing a system prompt per group, closed loop "
         f"at concurrency {CONCURRENCY}, `max_tokens` {MAX_TOKENS}, "
-        f"seed {SEED}, streamed. Each policy starts with fresh engines (cold caches). Load"
+        f"seed {SEED}, streamed. Each policy starts with fresh engines (cold caches)"
+        + (
+            f", {args.repeat} runs each, interleaved; figures are their medians"
+            if args.repeat > 1
+            else ""
+        )
+        + ". Load"
         f" average {load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at the end on"
         f" {os.cpu_count()} cores (the engines, router and client take about two: more"
         " means other work shared the cores, and times are noisy). Token counts vary"
@@ -441,6 +488,7 @@ def main() -> None:
         *(row(m) for m in controls),
         *(row(m) for m in pair.values()),
         "",
+        *(["Medians of the runs; how far apart they came out:", "", *spread, ""] if spread else []),
         "## Gates",
         "",
         *(f"- {'holds' if ok else 'FAILS'}: {text}" for text, ok in gates),

@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import time
-import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from targets import VENV_BIN, WORK, clean_env, free_port, spawn, stop, wait_read
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from llmgw_router.prefix import canonical  # noqa: E402
+from llmgw_router.prefix import canonical, text_crc  # noqa: E402
 from tests.e2e.test_llama_server import engine_binary, model_file  # noqa: E402
 
 MODEL = "gemma3-270m"
@@ -195,10 +194,9 @@ async def drive(urls: list[str], key: str, convs: list[dict]) -> tuple[list[dict
                 messages = [*messages, {"role": "user", "content": q}]
                 t0 = time.perf_counter()
                 res = await one_turn(session, url, key, messages)
-                text = canonical({"model": MODEL, "messages": messages})  # names it in a trace
+                crc = text_crc(canonical({"model": MODEL, "messages": messages}))  # the trace's
                 res.update(router=urls.index(url), turn=len(messages) // 2, start=t0,
-                           conv=id(conv), took=time.perf_counter() - t0,
-                           crc=zlib.crc32(text.encode("utf-8", "surrogatepass")))  # fmt: skip
+                           conv=id(conv), took=time.perf_counter() - t0, crc=crc)  # fmt: skip
                 results.append(res)
                 messages = [*messages, {"role": "assistant", "content": res["reply"]}]
 
@@ -294,6 +292,16 @@ def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
     }
 
 
+def interleaved(policies: tuple, repeat: int, run_one) -> dict:
+    """`run_one(policy)` for each policy `repeat` times, the order turned round each
+    time; per policy, the median of its runs (median_of)."""
+    runs: dict[str, list[dict]] = {}
+    for i in range(repeat):
+        for policy in policies if i % 2 == 0 else policies[::-1]:
+            runs.setdefault(policy, []).append(run_one(policy))
+    return {policy: median_of(runs[policy]) for policy in policies if policy in runs}
+
+
 def median_of(runs: list[dict]) -> dict:
     """One policy's runs (--repeat) as one: the median of every figure, the runs kept."""
     if len(runs) == 1:
@@ -381,17 +389,18 @@ def main() -> None:
 
     main_convs = conversations(args.turns, args.groups, args.per_group)
     only = set(args.only)
-    runs: dict[str, list[dict]] = {}
-    for i in range(args.repeat):  # interleaved, the order turned round each time
-        for policy in POLICIES if i % 2 == 0 else POLICIES[::-1]:
-            if only and policy not in only:
-                continue
-            m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram)
-            runs.setdefault(policy, []).append(m)
-            print(row(m), flush=True)
-            if args.trace and policy == "prefix":
-                print(where_turns_went(policy, 1), flush=True)
-    measured = {policy: median_of(runs[policy]) for policy in POLICIES if policy in runs}
+
+    def one_run(policy: str, routers: int = 1) -> dict:
+        m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram, routers)
+        if routers > 1:
+            m["policy"] = f"two routers, {policy}"
+        print(row(m), flush=True)
+        if args.trace and policy == "prefix":
+            print(where_turns_went(policy, routers), flush=True)
+        return m
+
+    measured = interleaved(tuple(p for p in POLICIES if not only or p in only), args.repeat,
+                           one_run)  # fmt: skip
     controls = []
     if not args.no_controls and not only:
         unique = conversations(1, groups=1, per_group=12, unique=True)
@@ -407,20 +416,9 @@ def main() -> None:
         print(row(m), flush=True)
     pair = {}
     if not args.no_pair:
-        pair_runs: dict[str, list[dict]] = {}
         both = ("least-outstanding", "prefix")
-        for i in range(args.repeat):
-            for policy in both if i % 2 == 0 else both[::-1]:
-                if only and f"pair-{policy}" not in only:
-                    continue
-                m = run_policy(policy, main_convs, key_file, engine_key, args.cache_ram,
-                               routers=2)  # fmt: skip
-                m["policy"] = f"two routers, {policy}"
-                pair_runs.setdefault(policy, []).append(m)
-                print(row(m), flush=True)
-                if args.trace and policy == "prefix":
-                    print(where_turns_went(policy, 2), flush=True)
-        pair = {policy: median_of(pair_runs[policy]) for policy in both if policy in pair_runs}
+        pair = interleaved(tuple(p for p in both if not only or f"pair-{p}" in only),
+                           args.repeat, lambda policy: one_run(policy, routers=2))  # fmt: skip
     spread = [spread_of(m) for m in (*measured.values(), *pair.values()) if "runs" in m]
     if spread:
         print("\n".join(spread), flush=True)

@@ -606,8 +606,8 @@ def main() -> int:
             slow = targets.Engine(load_cpu, CHUNKS, PACED_GAP_MS)
             stack.callback(slow.stop)
             slow.start()
-            kinds = ([targets.PEERS["nginx"]] if "nginx" in args.peers else []) + [targets.Router]
-            for kind in kinds:
+            pacers = ([targets.PEERS["nginx"]] if "nginx" in args.peers else []) + [targets.Router]
+            for kind in pacers:
                 target = kind(slow, proxy_cpu)
                 print(f"bench: {target.label}, chunks {PACED_GAP_MS:g} ms apart", flush=True)
                 try:

@@ -118,14 +118,19 @@ class Key:
     load: float = 0.0  # tokens of work added to that replica's in-flight count
 
 
+def text_crc(text: str) -> int:
+    """A crc32 of text, alike in every process (str's hash() is salted per process)."""
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+
+
 def request_key(payload: dict, session: str = "", block_chars: int = BLOCK_CHARS) -> Key | None:
     text = canonical(payload)
     if text is None:
         return None
     mt = payload.get("max_completion_tokens") or payload.get("max_tokens")
     mt = mt if isinstance(mt, int) and mt > 0 else 256
-    anchor = zlib.crc32(text[:block_chars].encode("utf-8", "surrogatepass"))
-    crc = zlib.crc32(text.encode("utf-8", "surrogatepass")) if _log.debugging else 0
+    anchor = text_crc(text[:block_chars])
+    crc = text_crc(text) if _log.debugging else 0
     return Key(str(payload.get("model", "")), chain(text, block_chars), len(text), session, mt,
                anchor, crc)  # fmt: skip
 
@@ -347,8 +352,9 @@ class PrefixIndex:
                     del r.blocks[h]
                     self._entries -= 1
                     dropped += 1
-        _log.debug("prefix served", replica=replica, crc=key.crc, prompt=prompt_tokens,
-                   predicted=round(predicted), cached=cached, dropped=dropped)  # fmt: skip
+        if _log.debugging:
+            _log.debug("prefix served", replica=replica, crc=key.crc, prompt=prompt_tokens,
+                       predicted=round(predicted), cached=cached, dropped=dropped)  # fmt: skip
         return Outcome(predicted, cached, dropped)
 
 

@@ -14,6 +14,7 @@ class Reply:
         self.status = 0
         self.headers: dict[str, str] = {}
         self.body = b""
+        self.parts: list[bytes] = []
         self.version = ""
         self.keep_alive = True
 
@@ -53,9 +54,10 @@ class Conn:
         self._current.keep_alive = self.parser.should_keep_alive()
 
     def on_body(self, body: bytes):
-        self._current.body += body
+        self._current.parts.append(body)  # joined once: a long stream comes in thousands
 
     def on_message_complete(self):
+        self._current.body = b"".join(self._current.parts)
         if self._current.status != 100:
             self.replies.append(self._current)
         self._current = None
@@ -86,6 +88,7 @@ class Conn:
             self.closed = True
             if self._current is not None and self._current.status:
                 # An answer with neither a length nor chunks: it ends with the connection.
+                self._current.body = b"".join(self._current.parts)
                 self.replies.append(self._current)
                 self._current = None
             return

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fake_engine import WORDS
 from tests.helpers import eventually
 from tests.integration.conftest import CHAT
 from tests.rawhttp import Conn, chunked, request
@@ -234,6 +235,32 @@ def test_a_client_that_stops_reading_holds_back_the_engine_not_the_routers_memor
     assert rss_kib(pid) - rss < 32 * 1024
     c.close()  # and the client leaves: the engine's request is cancelled
     eventually(lambda: engine.stats()["cancelled"] >= 1, what="the engine request cancelled")
+
+
+def test_a_stream_held_back_by_a_slow_client_resumes_with_every_event_in_order(
+    server, engine, connect
+):
+    """A stream's pieces go to the client from the engine connection's callback until
+    the client is slow to read; then the engine is held back, and once the client reads
+    again the rest follows. Nothing is lost, doubled or reordered on the way."""
+    n = 200_000  # about 20 MB: more than every buffer on the way holds
+    engine.control(chunks=n, delay_s=0)
+    c = connect(timeout=60)
+    # The client's receive buffer left as it is: a small one would hold its TCP window
+    # small too, and the rest of the stream would trickle in at a few KiB a round trip.
+    c.send(chat(server, stream=True, max_tokens=n))
+
+    def held_back():
+        before = engine.stats()["streamed_chunks"]
+        eventually(lambda: engine.stats()["streamed_chunks"] > 0, what="the stream to begin")
+        return 0 < before == engine.stats()["streamed_chunks"] < n
+
+    eventually(held_back, timeout=30, interval=0.5, what="the engine to be held back")
+    (reply,) = c.read(1)
+    events = [e for e in reply.body.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    words = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events[:-1]]
+    assert words == [WORDS[i % len(WORDS)] for i in range(n)]
 
 
 def rss_kib(pid: int) -> int:

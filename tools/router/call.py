@@ -260,7 +260,7 @@ class Call:
         "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
         "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
         "before_done", "_broke", "field", "translator", "translating", "affinity", "cached",
-        "decode_weight",
+        "decode_weight", "_tail", "_ended", "_end",
     )  # fmt: skip
 
     def __init__(self, up: Upstreams, request, route, rid, model, stream, client_usage, t0,
@@ -509,38 +509,26 @@ class Call:
 
     async def _relay_stream(self, upstream: Response) -> Answer | Stream | None:
         self.status = 200
-        buf = b""
-        done = False
+        self._tail = b""
+        self._ended = False
         # A chat stream ends with [DONE]; another API's own stream with its own event.
-        end = _DONE if self.translating or self.route.dialect is None else self.route.done
+        self._end = _DONE if self.translating or self.route.dialect is None else self.route.done
         try:
             while (chunk := await upstream.next()) is not None:
-                t = time.perf_counter()
-                buf += chunk
-                cut = buf.rfind(b"\n\n")
-                if cut < 0:
-                    continue
-                out, buf = self._filter_events(buf[: cut + 2]), buf[cut + 2 :]
-                if self.t_first is None and self.events:
-                    self.t_first = t
-                    self._stop_keepalive()
+                out = self._relay_piece(chunk)
                 if out:
-                    if end in out:
-                        self._done()
-                        await self._write(self._final(self._shape(out)))
-                    else:
-                        await self._write(self._shape(out))
-                self.overhead += time.perf_counter() - t
-                if end in out or buf.startswith(end):
-                    done = True
-            if buf.strip():
-                if buf.strip().startswith(end):
+                    await self._write(out)
+                if self.resp is not None and not self._waiting_first:
+                    await self._push(upstream)
+            tail = self._tail.strip()
+            if tail:
+                if tail.startswith(self._end):
                     self._done()
-                await self._write(self._final(self._shape(buf)))
-                done = done or buf.strip().startswith(end)
+                    self._ended = True
+                await self._write(self._final(self._shape(self._tail)))
         except UpstreamError as e:
             return await self._engine_broke(e)
-        if not done:
+        if not self._ended:
             reason = self._upstream_failed(
                 self.endpoint, "stream ended without [DONE]", kind="stream_interrupted"
             )
@@ -552,6 +540,59 @@ class Call:
             return self.resp
         await self.resp.write_eof()
         return self.resp
+
+    def _relay_piece(self, chunk: bytes) -> bytes:
+        """A piece of the engine's stream in; the whole events it completes out, as the
+        client is to read them (the rest waits in _tail for the next piece)."""
+        t = time.perf_counter()
+        buf = self._tail + chunk if self._tail else chunk
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self._tail = buf
+            return b""
+        out, self._tail = self._filter_events(buf[: cut + 2]), buf[cut + 2 :]
+        if self.t_first is None and self.events:
+            self.t_first = t
+            self._stop_keepalive()
+        end = self._end
+        if end in out or self._tail.startswith(end):
+            self._ended = True
+        if out:
+            if end in out:
+                self._done()
+                out = self._final(self._shape(out))
+            else:
+                out = self._shape(out)
+        self.overhead += time.perf_counter() - t
+        return out
+
+    async def _push(self, upstream: Response) -> None:
+        """Relay what follows from the engine connection's callback, each piece written
+        to the client as it comes, with no task woken for it: a stream's chunks arrive
+        one by one, and waking this task for each cost more CPU than relaying it. Back
+        to the task when the stream ends or fails, or while the client is slow to read
+        (the engine is then read no faster than the client reads). Only once the client
+        has the stream's head and no keepalive can write alongside."""
+        resp = self.resp
+        push = getattr(resp, "push", None)  # the http1 transport's streams have it
+        keepalive = self._keepalive_task
+        if push is None or (keepalive is not None and not keepalive.done()):
+            return
+        failed = []
+
+        def sink(piece: bytes) -> None:
+            try:
+                out = self._relay_piece(piece)
+                if out and not push(out):
+                    upstream.detach()
+            except BaseException as e:  # noqa: BLE001 - raised again in the task
+                failed.append(e)
+                upstream.detach()
+
+        await upstream.push(sink)
+        if failed:
+            raise failed[0]
+        await resp.drain()
 
     def _shape(self, events: bytes) -> bytes:
         """Events as the client's API says them, naming the served model."""

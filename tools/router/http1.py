@@ -172,16 +172,25 @@ class _Stream(Stream):
         self.ended = False
 
     async def write(self, data: bytes) -> None:
+        if not self.push(data):
+            await self.drain()
+
+    def push(self, data: bytes) -> bool:
+        """write() without waiting, for a piece relayed from an engine connection's
+        callback: False when the client is slow to read (await drain() before more)."""
         conn = self.req.conn
         if conn.transport is None or conn.closing:
             raise ConnectionResetError("the client closed the connection")
-        if not data or self.req.head_only:
-            return
-        if self.chunked:
-            conn.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
-        else:
-            conn.transport.write(data)
-        if conn.paused_writing:
+        if data and not self.req.head_only:
+            if self.chunked:
+                conn.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+            else:
+                conn.transport.write(data)
+        return not conn.paused_writing
+
+    async def drain(self) -> None:
+        conn = self.req.conn
+        if conn.paused_writing and conn.transport is not None:
             await conn.drained()
 
     async def write_eof(self) -> None:

@@ -77,7 +77,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "origin", "transport", "buf", "state", "status", "headers", "remaining", "chunked",
         "keep_alive", "pieces", "buffered", "paused", "waiter", "error", "got_bytes",
-        "complete", "head", "counted", "deadline", "loop",
+        "complete", "head", "counted", "deadline", "loop", "sink",
     )  # fmt: skip
 
     def __init__(self, origin: Origin):
@@ -104,6 +104,9 @@ class Connection(asyncio.Protocol):
         self.got_bytes = False
         self.complete = False
         self.head: asyncio.Future | None = None
+        # Set while the caller takes the body as it comes (push): each piece is handed
+        # to it from data_received, with no task woken for it.
+        self.sink = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -221,6 +224,10 @@ class Connection(asyncio.Protocol):
         return False
 
     def _deliver(self, piece: bytes) -> None:
+        sink = self.sink
+        if sink is not None and not self.pieces:
+            sink(piece)
+            return
         self.pieces.append(piece)
         self.buffered += len(piece)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport:
@@ -258,6 +265,19 @@ class Connection(asyncio.Protocol):
             await self.waiter
             self.waiter = None
         return self.take()
+
+    async def pushed(self) -> None:
+        """Wait while the sink takes the body: until the body ends, the connection
+        fails or the sink is detached."""
+        while self.sink is not None and not self.complete and self.error is None:
+            self.waiter = self.loop.create_future()
+            await self.waiter
+            self.waiter = None
+
+    def detach(self) -> None:
+        """Pieces wait for next_piece again; the task in pushed() goes on."""
+        self.sink = None
+        self._wake()
 
     def take(self) -> bytes:
         """Every piece that has come, as one: one pass through the relay and one write
@@ -305,6 +325,24 @@ class Response:
     async def next(self) -> bytes | None:
         """The next piece of the body as it arrived (chunk framing removed); None at end."""
         return await self.conn.next_piece()
+
+    async def push(self, sink) -> None:
+        """Hand each piece of the body to `sink` as it arrives, called from the engine
+        connection's own callback (no task woken a piece), until the body ends, the
+        connection fails or the sink calls detach(); then next() takes what remains
+        or raises the failure. `sink` must not raise. Nothing is pushed while pieces
+        wait to be taken: they would go out of order."""
+        conn = self.conn
+        if conn.pieces:
+            return
+        conn.sink = sink
+        try:
+            await conn.pushed()
+        finally:
+            conn.sink = None
+
+    def detach(self) -> None:
+        self.conn.detach()
 
     def whole(self) -> bytes | None:
         """The whole body if it has all come already (the usual answer from an engine

@@ -15,6 +15,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -34,7 +35,8 @@ CHUNKS = 20
 # Each phase stops at a request count or a time limit, whichever comes first.
 WARMUP_N, WARMUP_S = 300, 3
 LATENCY_N, LATENCY_S = 2000, 6  # concurrency 1
-CPU_N, CPU_S, CPU_C = 3000, 6, 8
+CPU_N, CPU_S, CPU_C = 8000, 6, 8
+CPU_ROUNDS = 3  # CPU windows per target; the table gives their median
 STREAM_N, STREAM_S = 1000, 8  # concurrency 1
 WRK_S, WRK_C = 5, 8
 PROFILE_S = 8
@@ -45,6 +47,8 @@ BAR = {"cpu_req": 60, "cpu_stream": 180, "add_p50_ms": 0.15, "limits_growth": 0.
 # Paced streams: the engine sends each chunk PACED_GAP_MS after the last, so every one
 # wakes the proxy by itself (an engine decoding in real time does that).
 PACED_GAP_MS, PACED_N, PACED_S, IDLE_S = 2.0, 150, 8, 2.0
+# After a load phase, the target's CPU is looked at every SETTLE_S until it is idle again.
+SETTLE_S, SETTLE_MAX_S = 0.25, 5.0
 
 
 @dataclass
@@ -78,12 +82,43 @@ class Bench:
         raw = loadgen.raw_request(HOST, target.port, loadgen.CHAT_PATH, body, target.api_key)
         return self.runner.run(loadgen.run(HOST, target.port, raw, count, conc, max_s, stream))
 
-    def with_cpu(self, target, stream: bool, count: int, conc: int, max_s: float):
-        """A load phase and the CPU time the target's processes spent during it (ns)."""
-        before = targets.cpu_ns(target.pids())
+    def with_cpu(self, target, stream: bool, count: int, conc: int, max_s: float,
+                 idle_per_s: float | None = None):  # fmt: skip
+        """A load phase and the CPU time the target's processes spent on it (ns).
+
+        With `idle_per_s` (the target's CPU idle, from idle_rate), the count goes on
+        after the load until the target is idle again, less idle_per_s over the whole
+        time: work the load left behind (the router's usage writer inserts the rows a
+        second later) counts for the load that made it, not for the next phase."""
+        pids = target.pids()
+        before, t0 = targets.cpu_ns(pids), time.monotonic()
         result = self.load(target, stream, count, conc, max_s)
-        spent = targets.cpu_ns(target.pids()) - before
-        return result, spent
+        if idle_per_s is None:
+            return result, targets.cpu_ns(pids) - before
+        after = self.settled(pids, idle_per_s)
+        return result, max(0.0, after - before - idle_per_s * (time.monotonic() - t0))
+
+    @staticmethod
+    def settled(pids, idle_per_s: float) -> int:
+        """The processes' CPU (ns) once a SETTLE_S look finds them no busier than idle
+        (give or take 1 ms), or after SETTLE_MAX_S."""
+        deadline = time.monotonic() + SETTLE_MAX_S
+        last = targets.cpu_ns(pids)
+        while time.monotonic() < deadline:
+            time.sleep(SETTLE_S)
+            now = targets.cpu_ns(pids)
+            if now - last <= idle_per_s * SETTLE_S + 1e6:
+                return now
+            last = now
+        return last
+
+    def idle_rate(self, target) -> float:
+        """The target's CPU (ns a second) with nothing to do: its timers and threads."""
+        pids = target.pids()
+        self.settled(pids, 0.0)
+        before = targets.cpu_ns(pids)
+        time.sleep(IDLE_S)
+        return (targets.cpu_ns(pids) - before) / IDLE_S
 
     def front_door(self, target) -> list[str]:
         """CPU per request of a chat completion, a Messages call the engine serves itself
@@ -118,16 +153,11 @@ class Bench:
         events, then usage and [DONE])."""
         self.wait_working(target)
         self.load(target, True, 20, 1, WARMUP_S)
-        pids = target.pids()
-        before = targets.cpu_ns(pids)
-        time.sleep(IDLE_S)
-        idle_per_s = (targets.cpu_ns(pids) - before) / IDLE_S
-        t0 = time.monotonic()
-        r, ns = self.with_cpu(target, True, PACED_N, 1, PACED_S)
-        wall = time.monotonic() - t0
+        idle_per_s = self.idle_rate(target)
+        r, ns = self.with_cpu(target, True, PACED_N, 1, PACED_S, idle_per_s)
         if r.errors or not r.ok:
             return None
-        return max(0.0, ns - idle_per_s * wall) / r.ok / (CHUNKS + 1) / 1e3
+        return ns / r.ok / (CHUNKS + 1) / 1e3
 
     def wait_working(self, target, timeout_s: float = 15) -> None:
         """Until a request succeeds (a new API key takes the router up to ~2 s)."""
@@ -157,18 +187,34 @@ class Bench:
         m.p50_ms = loadgen.percentile(r.latencies, 50) * 1e3
         m.p99_ms = loadgen.percentile(r.latencies, 99) * 1e3
 
-        say(f"CPU per request at concurrency {CPU_C} (≤{CPU_N} requests, ≤{CPU_S}s)")
-        r, ns = self.with_cpu(target, False, CPU_N, CPU_C, CPU_S)
-        self.check(m, "cpu", r)
-        if target.is_proxy and r.ok:
-            m.cpu_req_us = ns / r.ok / 1e3
-
-        say(f"streams of {CHUNKS} chunks at concurrency 1 (≤{STREAM_N}, ≤{STREAM_S}s)")
-        r, ns = self.with_cpu(target, True, STREAM_N, 1, STREAM_S)
-        self.check(m, "streams", r)
-        m.ttfb_ms = loadgen.percentile(r.ttfbs, 50) * 1e3
-        if target.is_proxy and r.ok:
-            m.cpu_stream_us = ns / r.ok / 1e3
+        # CPU in CPU_ROUNDS windows each, requests and streams taken in turn, each
+        # counted until the target is idle again, and the median kept: one window of a
+        # few thousand requests, counted as its load ended, moved by a quarter from run
+        # to run, as the usage writer's inserts for it fell inside it or in the next.
+        say(f"CPU per request at concurrency {CPU_C} (≤{CPU_N} requests, ≤{CPU_S}s) and "
+            f"streams of {CHUNKS} chunks at concurrency 1 (≤{STREAM_N}, ≤{STREAM_S}s), "
+            f"{CPU_ROUNDS} times")  # fmt: skip
+        idle_per_s = self.idle_rate(target)
+        per_req, per_stream, ttfbs = [], [], []
+        for _ in range(CPU_ROUNDS):
+            r, ns = self.with_cpu(target, False, CPU_N, CPU_C, CPU_S, idle_per_s)
+            self.check(m, "cpu", r)
+            if r.ok:
+                per_req.append(ns / r.ok / 1e3)
+            r, ns = self.with_cpu(target, True, STREAM_N, 1, STREAM_S, idle_per_s)
+            self.check(m, "streams", r)
+            ttfbs += r.ttfbs
+            if r.ok:
+                per_stream.append(ns / r.ok / 1e3)
+        if ttfbs:
+            m.ttfb_ms = loadgen.percentile(ttfbs, 50) * 1e3
+        if target.is_proxy and per_req and per_stream:
+            m.cpu_req_us = statistics.median(per_req)
+            m.cpu_stream_us = statistics.median(per_stream)
+            m.notes.append(
+                f"CPU µs/req in {len(per_req)} windows {min(per_req):,.0f}–{max(per_req):,.0f}"
+                f", µs/stream {min(per_stream):,.0f}–{max(per_stream):,.0f} (medians in the table)"
+            )
 
         say(f"throughput with wrk, {WRK_C} connections for {WRK_S}s")
         before = targets.cpu_ns(target.pids())
@@ -445,14 +491,17 @@ team and org as well).
   connection from a raw-asyncio client; `+` columns are the difference from direct.
 - CPU µs/req: user+system CPU of the proxy's process tree (all threads, from
   `/proc/PID/task/*/schedstat`) over up to {CPU_N} requests at concurrency {CPU_C}
-  (≤{CPU_S} s), divided by the requests answered.
+  (≤{CPU_S} s), counted on until the proxy is idle again (≤{SETTLE_MAX_S:g} s more: the
+  router's usage writer inserts a load's rows after it) less the proxy's idle CPU over
+  the whole time (measured for {IDLE_S:g} s before), divided by the requests answered;
+  the median of {CPU_ROUNDS} such windows (their range is in the notes).
 - CPU µs/stream and TTFB: the same over up to {STREAM_N} sequential streamed requests
-  (≤{STREAM_S} s); TTFB is the time to the first body chunk (p50).
+  (≤{STREAM_S} s), a window after each window of requests; TTFB is the time to the first
+  body chunk (p50 of all the streams).
 - CPU per separately arriving chunk: llmgw and nginx again, in front of a second fake
   engine that sends each chunk {PACED_GAP_MS:g} ms after the last, over up to {PACED_N}
-  sequential streams (≤{PACED_S} s): their CPU less the proxy's idle CPU over as long
-  (measured for {IDLE_S:g} s just before), divided by the {CHUNKS + 1} pieces that arrive
-  by themselves. Every piece wakes the proxy from its event loop's wait, which on this
+  sequential streams (≤{PACED_S} s), counted as CPU µs/req is, divided by the
+  {CHUNKS + 1} pieces that arrive by themselves. Every piece wakes the proxy from its event loop's wait, which on this
   VM costs more than the relaying (compare nginx).
 - The proxy is pinned to CPU 1 (`taskset`), the engine, wrk and the Python load
   generator to CPU 0, so the proxy's CPU is its own; req/s can be capped by CPU 0.

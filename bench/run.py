@@ -501,8 +501,8 @@ team and org as well).
 - CPU per separately arriving chunk: llmgw and nginx again, in front of a second fake
   engine that sends each chunk {PACED_GAP_MS:g} ms after the last, over up to {PACED_N}
   sequential streams (≤{PACED_S} s), counted as CPU µs/req is, divided by the
-  {CHUNKS + 1} pieces that arrive by themselves. Every piece wakes the proxy from its event loop's wait, which on this
-  VM costs more than the relaying (compare nginx).
+  {CHUNKS + 1} pieces that arrive by themselves. Every piece wakes the proxy from its
+  event loop's wait, which on this VM costs more than the relaying (compare nginx).
 - The proxy is pinned to CPU 1 (`taskset`), the engine, wrk and the Python load
   generator to CPU 0, so the proxy's CPU is its own; req/s can be capped by CPU 0.
 """

@@ -554,11 +554,11 @@ class Call:
         if self.t_first is None and self.events:
             self.t_first = t
             self._stop_keepalive()
-        end = self._end
-        if end in out or self._tail.startswith(end):
+        last = self._end in out
+        if last or self._tail.startswith(self._end):
             self._ended = True
         if out:
-            if end in out:
+            if last:
                 self._done()
                 out = self._final(self._shape(out))
             else:

@@ -261,21 +261,17 @@ class Connection(asyncio.Protocol):
                 return None
             if self.error is not None:
                 raise self.error
-            self.waiter = self.loop.create_future()
-            await self.waiter
-            self.waiter = None
+            await self.wait()
         return self.take()
 
-    async def pushed(self) -> None:
-        """Wait while the sink takes the body: until the body ends, the connection
-        fails or the sink is detached."""
-        while self.sink is not None and not self.complete and self.error is None:
-            self.waiter = self.loop.create_future()
-            await self.waiter
-            self.waiter = None
+    async def wait(self) -> None:
+        """Until the next piece, the body's end, a failure or detach()."""
+        self.waiter = self.loop.create_future()
+        await self.waiter
+        self.waiter = None
 
     def detach(self) -> None:
-        """Pieces wait for next_piece again; the task in pushed() goes on."""
+        """Pieces wait for next_piece again; the task in Response.push goes on."""
         self.sink = None
         self._wake()
 
@@ -337,7 +333,8 @@ class Response:
             return
         conn.sink = sink
         try:
-            await conn.pushed()
+            while conn.sink is not None and not conn.complete and conn.error is None:
+                await conn.wait()
         finally:
             conn.sink = None
 

@@ -41,7 +41,7 @@ CPU_ROUNDS = 3  # CPU windows per target; the table gives their median
 # (the order turned every pair), the median of the pairs' ratios. Measured one after the
 # other, minutes apart, the same two builds came out +21% in one run and +45% in the
 # next: this VM's speed drifts by more than the bar.
-PAIRS = 5
+PAIRS = 9
 STREAM_N, STREAM_S = 1000, 8  # concurrency 1
 WRK_S, WRK_C = 5, 8
 PROFILE_S = 8

@@ -696,9 +696,11 @@ def main() -> int:
             results.append(m)
 
         paired = {}
-        limited = [m.name for m in results if m.name.startswith("llmgw+limits") and not m.skipped]
-        for name in limited:
-            kind = next(k for k in kinds if getattr(k, "name", "") == name)
+        measured = {m.name for m in results if not m.skipped}
+        for kind in kinds:
+            if not issubclass(kind, targets.LimitedRouter) or kind.name not in measured:
+                continue
+            name = kind.name
             base, other = targets.Router(engine, proxy_cpu), kind(engine, proxy_cpu)
             print(f"bench: {other.label}, side by side with {base.label}", flush=True)
             try:

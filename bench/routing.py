@@ -13,8 +13,10 @@ engines evaluated (Σ `timings.prompt_n`, cross-checked with their
 `llamacpp:prompt_tokens_total`), TTFT p50/p95, requests/s. Controls: unique prompts
 (nothing to share: prefix must cost nothing), one hot group (every conversation
 shares one prompt: the load guard must keep both replicas busy), and two routers behind
-a load balancer that alternates between them request by request (each router learns
-only from its own half of the traffic: prefix must still beat least-outstanding).
+a load balancer that alternates between them request by request (each router sees half
+of the traffic; under prefix routing they tell each other what they sent where and have
+in flight, `router.prefix_peers`, unless --no-share: prefix must still beat
+least-outstanding).
 Writes bench/ROUTING.md, with the load average before and after (a run on busy cores
 says so).
 """
@@ -47,6 +49,7 @@ POLICIES = ("round-robin", "least-outstanding", "prefix")
 GROUPS, PER_GROUP, CONCURRENCY, MAX_TOKENS, SEED = 4, 8, 4, 32, 7
 TOPICS = ["tides", "glaciers", "volcanoes", "deserts", "rivers", "forests", "caves"]
 WORK_DIR = WORK / "routing"
+SHARE = True  # a pair of prefix routers tell each other what they sent where (--no-share)
 EXTRA = ""  # --probe-s, --alpha: lines for the routers' [router], or their defaults
 ENGINE_ARGS: list[str] = []  # --engine-arg: more llama-server flags for every replica
 LOG_LEVEL = "warning"  # --trace: "debug", each prefix choice and outcome in router.log
@@ -115,9 +118,11 @@ class Replica:
         stop(self.proc)
 
 
-def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 0):
+def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 0,
+                 shares: list[str] = ()):  # fmt: skip
     """Router `n` for `policy`: its own directory (spool, log), the first one's store
-    (so one API key serves both of a pair)."""
+    (so one API key serves both of a pair). With `shares` (--share), router n publishes
+    on shares[n] as router-n and subscribes to the others."""
     work = WORK_DIR / f"router-{policy}-{n}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -128,11 +133,17 @@ def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 
         f'key = "@{key_file}"\n'
         for r in replicas
     )
+    share = paths = ""
+    if shares:  # keypairs in one directory, both routers registered in the one store
+        peers = ", ".join(f'"router-{i}@{s}"' for i, s in enumerate(shares) if i != n)
+        share = (f'bus_name = "router-{n}"\nprefix_share = "{shares[n]}"\n'
+                 f"prefix_peers = [{peers}]\n")  # fmt: skip
+        paths = f'config_dir = "{WORK_DIR / "conf"}"\n'
     config = work / "llmgw.toml"
     config.write_text(
-        f'[log]\nlevel = "{LOG_LEVEL}"\n[paths]\nstate_dir = "."\n[router]\n'
+        f'[log]\nlevel = "{LOG_LEVEL}"\n[paths]\nstate_dir = "."\n{paths}[router]\n'
         f'listen = "127.0.0.1:{port}"\nrouting = "{policy}"\n'
-        f"upstream_timeout_s = 300.0\n{EXTRA}{eps}"
+        f"upstream_timeout_s = 300.0\n{EXTRA}{share}{eps}"
     )
     env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{store}")
     api_key = None
@@ -142,6 +153,9 @@ def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 
             capture_output=True, text=True, env=env, check=True,
         )  # fmt: skip
         api_key = json.loads(out.stdout)["secret"]
+        for i in range(len(shares)):
+            subprocess.run([str(VENV_BIN / "llmgw"), "routers", "add", f"router-{i}", "--store"],
+                           capture_output=True, env=env, check=True)  # fmt: skip
     log = work / "router.log"
     proc = spawn([str(VENV_BIN / "llmgw-router"), "--config", str(config)], log, None, env=env)
     wait_ready(f"http://127.0.0.1:{port}/ready", proc, log, 30, "llmgw-router")
@@ -255,8 +269,11 @@ def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
     try:
         for r in replicas:
             r.start()
+        shares = []
+        if SHARE and routers > 1 and policy == "prefix":  # each tells the others
+            shares = [f"tcp://127.0.0.1:{free_port()}" for _ in range(routers)]
         for n in range(routers):
-            proc, url, key = start_router(policy, replicas, key_file, n)
+            proc, url, key = start_router(policy, replicas, key_file, n, shares)
             procs.append(proc)
             urls.append(url)
             api_key = api_key or key
@@ -359,6 +376,9 @@ def main() -> None:
                              " pair-least-outstanding, pair-prefix); no gates")  # fmt: skip
     parser.add_argument("--probe-s", type=float, default=None,
                         help="the routers' router.engine_probe_s (default: theirs)")  # fmt: skip
+    parser.add_argument("--no-share", action="store_true",
+                        help="the pair's prefix routers do not tell each other what they "
+                             "sent where (router.prefix_share, router.prefix_peers)")  # fmt: skip
     parser.add_argument("--alpha", type=float, default=None,
                         help="the routers' router.prefix_alpha (default: theirs)")  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1,
@@ -371,7 +391,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat takes 1 or more")
-    global EXTRA, LOG_LEVEL
+    global EXTRA, LOG_LEVEL, SHARE
     ENGINE_ARGS.extend(args.engine_arg)
     if args.trace:
         LOG_LEVEL = "debug"
@@ -379,6 +399,7 @@ def main() -> None:
         EXTRA += f"engine_probe_s = {args.probe_s}\n"
     if args.alpha is not None:
         EXTRA += f"prefix_alpha = {args.alpha}\n"
+    SHARE = not args.no_share
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
     engine_key = secrets.token_urlsafe(24)
@@ -473,6 +494,12 @@ def main() -> None:
             f", {args.repeat} runs each, interleaved; figures are their medians"
             if args.repeat > 1
             else ""
+        )
+        + (
+            ". The pair's prefix routers tell each other what they sent where"
+            " (`router.prefix_peers`)"
+            if SHARE
+            else ". The pair's routers share nothing (`--no-share`)"
         )
         + ". Load"
         f" average {load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at the end on"

@@ -122,6 +122,12 @@ class RouterConfig:
     prefix_alpha: float = 1.0
     # prefix: memory for every replica's remembered prompt blocks together.
     prefix_memory_mb: int = 64
+    # prefix, with more than one router: where this router tells the others what it
+    # sent where and has in flight (a ZeroMQ endpoint, e.g. "tcp://0.0.0.0:7075"; CURVE
+    # with its bus_name keypair; empty: nowhere), and where it hears them:
+    # ["NAME@ENDPOINT"], each NAME a router registered with `llmgw routers add`.
+    prefix_share: str = ""
+    prefix_peers: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -1,12 +1,13 @@
 """Prefix-aware routing through a real router and two fake engines that report what
 they reused from their prompt caches."""
 
+import os
 import re
 
 import pytest
 
-from tests.helpers import start_fake_engine
-from tests.integration.conftest import ENGINE_KEY, Engine
+from tests.helpers import eventually, free_port, llmgw, start_fake_engine, start_router
+from tests.integration.conftest import ENGINE_KEY, Engine, Router
 
 SYSTEMS = [f"You are assistant number {i}. Answer briefly and kindly. " * 30 for i in range(3)]
 
@@ -77,3 +78,111 @@ def test_streamed_answers_report_what_the_engine_cached_too(make_router, engines
         r = router.post("/v1/chat/completions", {**body, "stream": True})
         assert r.status_code == 200 and "[DONE]" in r.text
     assert metric(router.metrics(), "llmgw_router_prefix_cached_tokens_total") > 100
+
+
+def test_routers_that_share_send_a_turn_where_the_other_sent_the_last(tmp_path, api_key, engines):
+    """Router a serves only e1, router b both e0 and e1, and b's own choice for a prompt
+    it never saw is e0 (the control router, b's table without peers, shows it). With
+    `prefix_peers`, b sends the next turn of a conversation a sent to e1 there too."""
+    conf = tmp_path / "conf"
+    cli = tmp_path / "cli.toml"
+    cli.write_text(f'[paths]\nconfig_dir = "{conf}"\n')
+    for name in ("ra", "rb"):
+        llmgw("routers", "add", name, "--store", env={"LLMGW_CONFIG": str(cli)})
+    (tmp_path / "engine.key").write_text(ENGINE_KEY + "\n")
+    shares = {name: f"tcp://127.0.0.1:{free_port()}" for name in ("ra", "rb")}
+
+    def start(name, served, peer=None):
+        lines = ["[router]", 'listen = "127.0.0.1:{port}"', 'routing = "prefix"',
+                 "key_refresh_s = 0.2"]  # fmt: skip
+        if peer:
+            lines += [f'bus_name = "{name}"', f'prefix_share = "{shares[name]}"',
+                      f'prefix_peers = ["{peer}@{shares[peer]}"]']  # fmt: skip
+        for i in served:
+            lines += ["[[router.endpoints]]", f'id = "e{i}"', f'url = "{engines[i].url}"',
+                      'models = ["m"]', f'key = "@{tmp_path / "engine.key"}"']  # fmt: skip
+        lines += ["[paths]", f'config_dir = "{conf}"', f'state_dir = "{tmp_path / name}"']
+        proc, url = start_router(tmp_path, "\n".join(lines) + "\n")
+        router = Router(proc, url, api_key[1], os.environ["LLMGW_STORE"])
+        eventually(lambda: router.get("/v1/models").status_code == 200, what=f"{name} up")
+        return router
+
+    def served_by(router, body):
+        before = counts(engines)
+        r = router.post("/v1/chat/completions", body)
+        assert r.status_code == 200, r.text
+        after = counts(engines)
+        return next(j for j in range(2) if after[j] > before[j])
+
+    def heard(router):
+        m = re.search(r'^llmgw_router_prefix_shared_messages_total\{what="heard"\} (\S+)$',
+                      router.metrics(), re.M)  # fmt: skip
+        return float(m.group(1)) if m else 0.0
+
+    # A system prompt whose rendezvous home among e0 and e1 is e0.
+    system = next(s for s in (f"Rules of team {i}. " * 30 for i in range(50))
+                  if home_of(s, ["e0", "e1"]) == "e0")  # fmt: skip
+    first, second = list(turns(system, 2))
+    started = []
+    try:
+        a = start("ra", [1], peer="rb")
+        b = start("rb", [0, 1], peer="ra")
+        control = start("rc", [0, 1])
+        started = [a, b, control]
+        eventually(lambda: heard(b) > 0, timeout=15, what="b to hear a's heartbeat")
+        before = heard(b)
+        assert served_by(a, first) == 1
+        eventually(lambda: heard(b) >= before + 2, what="b to hear a's choice and its end")
+        assert served_by(control, second) == 0  # alone, b's table would send it to e0
+        assert served_by(b, second) == 1
+    finally:
+        for r in started:
+            r.proc.stop()
+
+
+def home_of(system: str, ids: list[str]) -> str:
+    """The replica prefix routing picks for a prompt nobody holds (rendezvous hashing)."""
+    import zlib
+
+    from llmgw_router.prefix import request_key
+
+    key = request_key(next(turns(system, 1)))
+    return max(ids, key=lambda i: zlib.crc32(i.encode(), key.anchor))
+
+
+@pytest.mark.parametrize(
+    "settings, said",
+    [
+        (
+            'routing = "least-outstanding"\nprefix_peers = ["rb@tcp://127.0.0.1:1"]',
+            'router.prefix_share and router.prefix_peers need router.routing = "prefix"',
+        ),
+        (
+            'routing = "prefix"\nprefix_peers = ["tcp://127.0.0.1:1"]',
+            "router.prefix_peers: 'tcp://127.0.0.1:1': want NAME@ENDPOINT",
+        ),
+        (
+            'routing = "prefix"\nprefix_peers = ["nobody@tcp://127.0.0.1:1"]',
+            "router.prefix_peers: nobody is not a registered router (`llmgw routers add nobody`)",
+        ),
+        (
+            'routing = "prefix"\nbus_name = "ghost"\nprefix_share = "tcp://127.0.0.1:1"',
+            "router.prefix_share: ",
+        ),
+    ],
+    ids=["not-prefix", "no-name", "unregistered", "no-keypair"],
+)
+def test_sharing_misconfigured_stops_the_router_with_one_line(tmp_path, settings, said):
+    import subprocess
+
+    from tests.helpers import BIN
+
+    cfg = tmp_path / "router.toml"
+    endpoint = '[[router.endpoints]]\nid = "e0"\nurl = "http://127.0.0.1:1"\nmodels = ["m"]\n'
+    paths = f'[paths]\nconfig_dir = "{tmp_path / "conf"}"\nstate_dir = "{tmp_path}"\n'
+    cfg.write_text(f'[router]\nlisten = "127.0.0.1:{free_port()}"\n{settings}\n{endpoint}{paths}')
+    result = subprocess.run([str(BIN / "llmgw-router"), "--config", str(cfg)],
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0
+    assert len(lines) == 1 and lines[0].startswith("Error: " + said), lines

@@ -309,3 +309,75 @@ def test_below_debug_level_the_choice_builds_no_trace(caplog):
     with caplog.at_level(logging.INFO, logger="llmgw.router.prefix"):
         idx.choose([Ep("a"), Ep("b")], request_key(chat("q")))
     assert caplog.records == []
+
+
+def test_block_hashes_are_alike_in_every_process():
+    """Routers tell each other block hashes (share.py): str's hash() is salted per
+    process, so the chain must not use it."""
+    import subprocess
+    import sys
+
+    text = canonical(chat("What is a fox?", "An animal.", "And a ünïcode dog?"))
+    code = "import sys; from llmgw_router.prefix import chain; print(list(chain(sys.stdin.read())))"
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], input=text, text=True,
+                             capture_output=True, check=True,
+                             env={"PYTHONHASHSEED": seed, "PYTHONIOENCODING": "utf-8"})  # fmt: skip
+        assert eval(out.stdout) == list(request_key(chat("What is a fox?", "An animal.",
+                                                         "And a ünïcode dog?")).blocks)  # fmt: skip
+
+
+def test_what_another_router_sent_counts_as_held_there():
+    idx = PrefixIndex()
+    idx.forget({"a", "b"})
+    a, b = Ep("a"), Ep("b")
+    first = request_key(chat("q1", system="Team rules. " * 40))
+    later_turn = chat("q1", "a1", "q2", system="Team rules. " * 40)
+    later = request_key(later_turn)
+    # This router's own pick for the later turn, knowing nothing:
+    own = PrefixIndex().choose([a, b], request_key(later_turn))
+    other = b if own is a else a
+    # The peer sent turn 1 there (and, when it ended, said it has nothing in flight).
+    idx.inbox.append(("peer", other.id, 0, 0.0, first.blocks))
+    assert idx.choose([a, b], later) is other
+    assert later.matched >= len(first.blocks) - 1 > 0
+
+
+def test_a_peer_is_believed_only_about_replicas_of_this_routers_table():
+    idx = PrefixIndex()
+    idx.forget({"a", "b"})
+    key = request_key(chat("q"))
+    idx.learn("peer", "z", 1, 10.0, key.blocks)  # not a replica here
+    idx.learn("peer", "", 0, 0.0)  # a heartbeat from a router with no replica yet
+    assert idx.held("z") == 0 and idx._peer_load == {}
+    idx.learn("peer", "a", 1, 10.0, key.blocks)
+    assert idx.match("a", key) == len(key.blocks)
+
+
+def test_peers_word_on_their_work_replaces_the_probes_and_lapses_when_they_go_silent():
+    idx = PrefixIndex()
+    idx.forget({"a", "b"})
+    a, b = Ep("a"), Ep("b")
+    holds(idx, "a", chat("q"))
+    probe = {"a": 0, "b": 3}  # the engines' last word, a second old
+    idx.learn("peer", "a", 3, 3000.0)  # the peer has three requests on a now
+    idx.learn("peer", "b", 0, 0.0)
+    key = request_key(chat("q", "r", "s"))
+    assert idx.choose([a, b], key, slots_of=lambda ep: 2, others_of=lambda ep: probe[ep.id]) is b
+    idx.served("b", key, 0, None)
+    idx.learn("peer", None, 0, 0.0)  # silent: its word lapses, the probe's counts again
+    key = request_key(chat("q", "r", "t"))
+    assert idx.choose([a, b], key, slots_of=lambda ep: 2, others_of=lambda ep: probe[ep.id]) is a
+
+
+def test_each_choice_and_each_end_is_offered_to_the_peers():
+    said = []
+    idx = PrefixIndex(on_change=lambda *args: said.append(args))
+    key = request_key(chat("q"))
+    ep = idx.choose([Ep("a")], key)
+    replica, requests, work, blocks = said[0]
+    assert (replica, requests, blocks) == (ep.id, 1, key.blocks) and work == key.load > 0
+    assert idx.loads() == {"a": (1, key.load)}
+    idx.served("a", key, 0, None)
+    assert said[1] == ("a", 0, 0.0, ())
+    assert idx.loads() == {"a": (0, 0.0)}

@@ -13,13 +13,14 @@ from aiohttp import web
 from llmgw import bus, catalog, cli, log, tls
 from llmgw import config as configmod
 from llmgw.errors import Error
-from llmgw.store import migrate, open_store, redact
+from llmgw.store import BusPeer, drop_connection, migrate, open_store, redact
 from llmgw_router import aiohttp_app, http1, metrics
 from llmgw_router.app import Router
 from llmgw_router.feed import Feed
 from llmgw_router.metrics import USAGE_SPOOL_ERRORS
 from llmgw_router.prefix import PrefixIndex
 from llmgw_router.routing import ROUTINGS, Endpoint, RoutingTable, parse_endpoint_flag
+from llmgw_router.share import Share
 from llmgw_router.spool import Spool, SpoolLocked
 
 _log = log.get("llmgw.router")
@@ -109,6 +110,7 @@ def main(config_path, listen, endpoints):
         routing=rc.routing,
         prefix=PrefixIndex(alpha=rc.prefix_alpha, memory_bytes=rc.prefix_memory_mb << 20),
     )
+    share = make_share(cfg, table) if rc.prefix_share or rc.prefix_peers else None
     feed = None
     if cfg.router.schedulers:
         try:
@@ -129,6 +131,8 @@ def main(config_path, listen, endpoints):
             curve_dir=cfg.curve_dir(),
         )
     router = Router(cfg, table, db, feed, spool=spool)
+    if share is not None:
+        table.prefix.on_change = share.publish
     open_files = raise_open_files()
     _log.info(
         "starting",
@@ -151,6 +155,11 @@ def main(config_path, listen, endpoints):
             ) from None
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
+    if share is not None:
+        try:
+            share.start(loop)
+        except Error as e:
+            raise click.ClickException(f"router.prefix_share: {e}") from None
     if rc.transport == "aiohttp":
         try:
             web.run_app(
@@ -166,14 +175,63 @@ def main(config_path, listen, endpoints):
             )
         except OSError as e:
             raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        finally:
+            if share is not None:
+                share.stop()
         sys.exit(0)
     try:
         loop.run_until_complete(serve(router, host, port, ssl_context))
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from None
     finally:
+        if share is not None:
+            share.stop()
         loop.close()
     sys.exit(0)
+
+
+def make_share(cfg, table: RoutingTable) -> Share:
+    """The router's link to its peers for prefix routing (share.py), from
+    `router.prefix_share` and `router.prefix_peers` ("NAME@ENDPOINT", each NAME a
+    router registered with `llmgw routers add`, its public key read from the store)."""
+    rc = cfg.router
+    if table.prefix is None:
+        raise click.ClickException(
+            'router.prefix_share and router.prefix_peers need router.routing = "prefix"'
+        )
+    peers = {}
+    for text in rc.prefix_peers:
+        name, sep, endpoint = text.partition("@")
+        if not sep or not name or not endpoint.startswith(("tcp://", "ipc://")):
+            raise click.ClickException(
+                f"router.prefix_peers: {text!r}: want NAME@ENDPOINT, e.g. router-b@tcp://10.0.0.2:7075"
+            )
+        peer = BusPeer.get_or_none((BusPeer.name == name) & (BusPeer.kind == "router"))
+        if peer is None:
+            raise click.ClickException(
+                f"router.prefix_peers: {name} is not a registered router"
+                f" (`llmgw routers add {name}`)"
+            )
+        peers[name] = (endpoint, peer.public_key)
+    try:
+        keys = bus.load_keypair(cfg.curve_dir(), rc.bus_name, "routers")
+    except Error as e:
+        raise click.ClickException(f"router.prefix_share: {e}") from None
+
+    def lookup(public_key: str) -> str | None:
+        """A subscriber's name, if it is a registered router (on the ZAP thread)."""
+        try:
+            peer = BusPeer.get_or_none(
+                (BusPeer.public_key == public_key) & (BusPeer.kind == "router")
+            )
+        except Exception as e:  # the store is down: the peer retries, we say why
+            _log.warning("peer_lookup_failed", reason=str(e)[:200])
+            drop_connection()
+            return None
+        return peer.name if peer else None
+
+    return Share(rc.bus_name, rc.prefix_share, peers, keys, table.prefix.inbox, lookup=lookup,
+                 loads=table.prefix.loads, on_count=metrics.prefix_shared)  # fmt: skip
 
 
 def raise_open_files() -> int:

@@ -298,3 +298,17 @@ def prefix_observed(model: str, outcome, prompt_tokens: int) -> None:
     sums[0] += outcome.actual
     sums[1] += prompt_tokens
     PREFIX_HIT_RATIO.labels(model).set(sums[0] / sums[1])
+
+
+PREFIX_SHARED = Counter(
+    "llmgw_router_prefix_shared_messages",
+    "Prefix routing's messages to and from peer routers (router.prefix_peers): sent, "
+    "heard, dropped (this router's queue was full) and malformed",
+    ["what"],
+)
+_prefix_shared = {w: PREFIX_SHARED.labels(w) for w in ("sent", "heard", "dropped", "malformed")}
+
+
+def prefix_shared(what: str, n: int) -> None:
+    """Count `n` of prefix routing's messages to or from peers (share.py)."""
+    _prefix_shared[what].inc(n)

@@ -7,17 +7,20 @@ then each message's role and content; a completion's prompt), cut into blocks of
 replica stands in for a trie: a request's match on a replica is the leading run of its
 blocks that replica holds.
 
-What a replica holds is a guess made from this router's own traffic, bounded the way
+What a replica holds is a guess made from this router's own traffic (and, with
+`router.prefix_peers`, its peers': share.py), bounded the way
 the engine's cache is (llama.cpp: slots × context per slot), and corrected by what the
 engine says it reused (`usage.prompt_tokens_details.cached_tokens`, llama-server's
 `timings.cache_n`): where it reused far less than predicted, the chain is dropped there.
 Work in flight is counted in prompt tokens, a decoded token weighing what the engine's
-timings say it costs against a prompt token (on one CPU core about six).
+timings say it costs against a prompt token (on one CPU core about six). Other
+routers' work is what they said they have in flight when they share, else their
+requests on the engine at its last probe.
 """
 
 import json
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from llmgw import log
@@ -89,13 +92,23 @@ def canonical(payload: dict) -> str | None:
 
 
 def chain(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
-    """Each block's hash chained on the one before: equal hashes at position i mean
-    equal text up to the end of block i (within one process, which is all a router's
-    memory of its own traffic needs)."""
-    out, h = [], 0
+    """Each block's hash chained on the ones before (a crc32 and an adler32 of the text
+    so far, as one 64-bit number): equal hashes at position i mean equal text up to the
+    end of block i. Alike in every process, so routers can tell each other what they
+    sent where (share.py)."""
+    out, c, a = [], 0, 1
+    crc, adler = zlib.crc32, zlib.adler32
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) == len(text):  # ASCII: a block's bytes are its characters
+        for i in range(0, len(data), block_chars):
+            b = data[i : i + block_chars]
+            c, a = crc(b, c), adler(b, a)
+            out.append(c << 32 | a)
+        return tuple(out)
     for i in range(0, len(text), block_chars):
-        h = hash((h, text[i : i + block_chars]))
-        out.append(h)
+        b = text[i : i + block_chars].encode("utf-8", "surrogatepass")
+        c, a = crc(b, c), adler(b, a)
+        out.append(c << 32 | a)
     return tuple(out)
 
 
@@ -136,12 +149,13 @@ def request_key(payload: dict, session: str = "", block_chars: int = BLOCK_CHARS
 
 
 class _Replica:
-    __slots__ = ("blocks", "capacity", "inflight")
+    __slots__ = ("blocks", "capacity", "inflight", "requests")
 
     def __init__(self, capacity: int):
         self.blocks: OrderedDict[int, None] = OrderedDict()
         self.capacity = capacity  # blocks
         self.inflight = 0.0  # tokens of work this router has sent it and not seen end
+        self.requests = 0  # requests this router has sent it and not seen end
 
 
 @dataclass
@@ -165,6 +179,14 @@ class PrefixIndex:
     _decode_weight: dict = field(default_factory=dict)  # model -> learned (see DECODE_WEIGHT)
     _entries: int = 0
     _mean_load: float = 0.0  # tokens of work a request of this router adds, on average
+    # What other routers sent where and have in flight (share.py): learn()'s arguments,
+    # appended by the share's thread, taken in on the event loop at the next choice.
+    inbox: deque = field(default_factory=deque)
+    # Called with (replica, this router's requests and work in flight there, blocks)
+    # after each choice, and with no blocks when a request ends: to share it.
+    on_change: object = None
+    _peer_load: dict = field(default_factory=dict)  # (peer, replica) -> (requests, work)
+    _table: set | None = None  # the replicas of the routing table (forget()), once known
 
     # -- sizes ------------------------------------------------------------------------
 
@@ -202,8 +224,11 @@ class PrefixIndex:
 
     def forget(self, keep) -> None:
         """Drop replicas not in `keep` (they left the routing table)."""
+        self._table = set(keep)
         for rid in [r for r in self._replicas if r not in keep]:
             self._entries -= len(self._replicas.pop(rid).blocks)
+        for k in [k for k in self._peer_load if k[1] not in keep]:
+            del self._peer_load[k]
         for s in [s for s, rid in self._sessions.items() if rid not in keep]:
             del self._sessions[s]
 
@@ -238,10 +263,17 @@ class PrefixIndex:
         routers)."""
         if not candidates:
             return None
+        inbox = self.inbox
+        while inbox:
+            self.learn(*inbox.popleft())
         cpt = self.chars_per_token(key.model)
         per_block = self.block_chars / cpt
         sticky = self._sessions.get(key.session) if key.session else None
-        busy = {ep.id: ep.outstanding + others_of(ep) for ep in candidates}
+        peers = self._peers_on() if self._peer_load else None
+        if peers is not None:  # what the other routers said they have in flight, exactly
+            busy = {ep.id: ep.outstanding + peers.get(ep.id, (0, 0.0))[0] for ep in candidates}
+        else:
+            busy = {ep.id: ep.outstanding + others_of(ep) for ep in candidates}
         home = max(candidates, key=lambda ep: zlib.crc32(ep.id.encode(), key.anchor))
         best, best_rank, matched = None, None, 0
         seen = [] if _log.debugging else None
@@ -250,7 +282,10 @@ class PrefixIndex:
             uncached = self._uncached(key, m, cpt)
             if ep is not home and ep.id != sticky:  # one block's worth: near equals
                 uncached += per_block
-            work = self.inflight(ep.id) + (busy[ep.id] - ep.outstanding) * self._mean_load
+            if peers is not None:
+                work = self.inflight(ep.id) + peers.get(ep.id, (0, 0.0))[1]
+            else:
+                work = self.inflight(ep.id) + (busy[ep.id] - ep.outstanding) * self._mean_load
             rank = (uncached + self.alpha * work, ep.id != sticky, busy[ep.id])
             if best_rank is None or rank < best_rank:
                 best, best_rank, matched = ep, rank, m
@@ -297,19 +332,52 @@ class PrefixIndex:
         decode = key.max_tokens * self.decode_weight(key.model)
         key.load = self._uncached(key, matched, cpt) + decode
         r.inflight += key.load
+        r.requests += 1
         mean = self._mean_load
         self._mean_load = 0.9 * mean + 0.1 * key.load if mean else key.load
-        for h in key.blocks:
+        self._hold(r, key.blocks)
+        if self.on_change is not None:
+            self.on_change(replica, r.requests, r.inflight, key.blocks)
+        if key.session:
+            self._sessions[key.session] = replica
+            if len(self._sessions) > 100_000:
+                del self._sessions[next(iter(self._sessions))]
+
+    def _peers_on(self) -> dict:
+        """Per replica, (requests, tokens of work) the peers said they have in flight."""
+        out: dict = {}
+        for (_, replica), (n, work) in self._peer_load.items():
+            m, w = out.get(replica, (0, 0.0))
+            out[replica] = (m + n, w + work)
+        return out
+
+    def learn(self, peer: str, replica: str | None, requests: int, work: float, blocks=()) -> None:
+        """Another router (share.py) has `requests` and `work` in flight on `replica`
+        now, and (with blocks) sent a prompt with these blocks there: the replica holds
+        them. `replica` None: the peer went silent, its work no longer counts."""
+        if replica is None:
+            for k in [k for k in self._peer_load if k[0] == peer]:
+                del self._peer_load[k]
+            return
+        if not replica or (self._table is not None and replica not in self._table):
+            return  # a heartbeat, or not a replica of this router's table (or not yet)
+        self._peer_load[(peer, replica)] = (requests, work)
+        if blocks:
+            self._hold(self._replica(replica), blocks)
+
+    def loads(self) -> dict[str, tuple[int, float]]:
+        """This router's requests and tokens of work in flight, per replica."""
+        return {rid: (r.requests, r.inflight) for rid, r in self._replicas.items()}
+
+    def _hold(self, r: _Replica, blocks) -> None:
+        """The replica holds these blocks now: most recently used, the LRU trimmed."""
+        for h in blocks:
             if h in r.blocks:
                 r.blocks.move_to_end(h)
             else:
                 r.blocks[h] = None
                 self._entries += 1
         self._trim(r)
-        if key.session:
-            self._sessions[key.session] = replica
-            if len(self._sessions) > 100_000:
-                del self._sessions[next(iter(self._sessions))]
 
     def _trim(self, r: _Replica) -> None:
         while len(r.blocks) > r.capacity:
@@ -336,6 +404,9 @@ class PrefixIndex:
         r = self._replicas.get(replica)
         if r is not None:
             r.inflight = max(0.0, r.inflight - key.load)
+            r.requests = max(0, r.requests - 1)
+            if self.on_change is not None:
+                self.on_change(replica, r.requests, r.inflight, ())
         key.load = 0.0
         if prompt_tokens > 0 and key.chars > 0:
             old = self.chars_per_token(key.model)

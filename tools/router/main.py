@@ -7,6 +7,7 @@ import signal
 import sys
 
 import click
+import peewee
 import uvloop
 from aiohttp import web
 
@@ -206,7 +207,12 @@ def make_share(cfg, table: RoutingTable) -> Share:
             raise click.ClickException(
                 f"router.prefix_peers: {text!r}: want NAME@ENDPOINT, e.g. router-b@tcp://10.0.0.2:7075"
             )
-        peer = BusPeer.get_or_none((BusPeer.name == name) & (BusPeer.kind == "router"))
+        try:
+            peer = BusPeer.get_or_none((BusPeer.name == name) & (BusPeer.kind == "router"))
+        except peewee.PeeweeException as e:
+            raise click.ClickException(
+                f"router.prefix_peers: cannot read the registered routers: {str(e)[:200]}"
+            ) from None
         if peer is None:
             raise click.ClickException(
                 f"router.prefix_peers: {name} is not a registered router"

@@ -10,9 +10,27 @@ from pathlib import Path
 
 from llmgw import bus, dirs
 from llmgw.errors import Error
-from llmgw.store import BusPeer
+from llmgw.store import BusPeer, drop_connection
 
 KINDS = ("agent", "router")
+
+
+def name_of(public_key: str, logger, kind: str | None = None) -> str | None:
+    """A registered peer's name (of `kind`, if given), read from the store on the bus
+    authenticator's thread, on the one connection that thread keeps (opened at its
+    first lookup, and again only after an error) rather than a new database session for
+    every unknown key's handshake. None for a key not registered, or a store that is
+    down (said on `logger`; the peer retries)."""
+    query = BusPeer.public_key == public_key
+    if kind is not None:
+        query &= BusPeer.kind == kind
+    try:
+        peer = BusPeer.get_or_none(query)
+    except Exception as e:  # the store is down: the peer retries, we say why
+        logger.warning("peer_lookup_failed", reason=str(e)[:200])
+        drop_connection()
+        return None
+    return peer.name if peer else None
 
 
 class PeerError(Error):

@@ -14,7 +14,8 @@ from aiohttp import web
 from llmgw import bus, catalog, cli, log, tls
 from llmgw import config as configmod
 from llmgw.errors import Error
-from llmgw.store import BusPeer, drop_connection, migrate, open_store, redact
+from llmgw.peers import name_of
+from llmgw.store import BusPeer, migrate, open_store, redact
 from llmgw_router import aiohttp_app, http1, metrics
 from llmgw_router.app import Router
 from llmgw_router.feed import Feed
@@ -226,15 +227,7 @@ def make_share(cfg, table: RoutingTable) -> Share:
 
     def lookup(public_key: str) -> str | None:
         """A subscriber's name, if it is a registered router (on the ZAP thread)."""
-        try:
-            peer = BusPeer.get_or_none(
-                (BusPeer.public_key == public_key) & (BusPeer.kind == "router")
-            )
-        except Exception as e:  # the store is down: the peer retries, we say why
-            _log.warning("peer_lookup_failed", reason=str(e)[:200])
-            drop_connection()
-            return None
-        return peer.name if peer else None
+        return name_of(public_key, _log, kind="router")
 
     return Share(rc.bus_name, rc.prefix_share, peers, keys, table.prefix.inbox, lookup=lookup,
                  loads=table.prefix.loads, on_count=metrics.prefix_shared)  # fmt: skip

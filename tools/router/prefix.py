@@ -269,11 +269,14 @@ class PrefixIndex:
         cpt = self.chars_per_token(key.model)
         per_block = self.block_chars / cpt
         sticky = self._sessions.get(key.session) if key.session else None
-        peers = self._peers_on() if self._peer_load else None
-        if peers is not None:  # what the other routers said they have in flight, exactly
-            busy = {ep.id: ep.outstanding + peers.get(ep.id, (0, 0.0))[0] for ep in candidates}
+        # Other routers' (requests, tokens of work) in flight on each candidate: what they
+        # said themselves when they share, else the probe's count at this router's mean.
+        if self._peer_load:
+            said = self._peers_on()
+            theirs = {ep.id: said.get(ep.id, (0, 0.0)) for ep in candidates}
         else:
-            busy = {ep.id: ep.outstanding + others_of(ep) for ep in candidates}
+            theirs = {ep.id: (n := others_of(ep), n * self._mean_load) for ep in candidates}
+        busy = {ep.id: ep.outstanding + theirs[ep.id][0] for ep in candidates}
         home = max(candidates, key=lambda ep: zlib.crc32(ep.id.encode(), key.anchor))
         best, best_rank, matched = None, None, 0
         seen = [] if _log.debugging else None
@@ -282,10 +285,7 @@ class PrefixIndex:
             uncached = self._uncached(key, m, cpt)
             if ep is not home and ep.id != sticky:  # one block's worth: near equals
                 uncached += per_block
-            if peers is not None:
-                work = self.inflight(ep.id) + peers.get(ep.id, (0, 0.0))[1]
-            else:
-                work = self.inflight(ep.id) + (busy[ep.id] - ep.outstanding) * self._mean_load
+            work = self.inflight(ep.id) + theirs[ep.id][1]
             rank = (uncached + self.alpha * work, ep.id != sticky, busy[ep.id])
             if best_rank is None or rank < best_rank:
                 best, best_rank, matched = ep, rank, m

@@ -11,6 +11,7 @@ import peewee
 import zmq
 
 from llmgw import bus, log
+from llmgw.peers import name_of
 from llmgw.states import MsgType
 from llmgw.store import BusPeer, drop_connection
 from llmgw_scheduler.service import Scheduler
@@ -19,16 +20,8 @@ _log = log.get("llmgw.scheduler")
 
 
 def lookup_peer(public_key: str) -> str | None:
-    """A registered peer's name, read from the store on the authenticator's thread, on the
-    one connection that thread keeps (opened at its first lookup, and again only after an
-    error) rather than a new database session for every unknown key's handshake."""
-    try:
-        peer = BusPeer.get_or_none(BusPeer.public_key == public_key)
-    except Exception as e:  # the store is down: the peer retries, we say why
-        _log.warning("peer_lookup_failed", reason=str(e)[:200])
-        drop_connection()
-        return None
-    return peer.name if peer else None
+    """A registered agent's or router's name (peers.name_of)."""
+    return name_of(public_key, _log)
 
 
 class Loop:

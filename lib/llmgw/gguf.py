@@ -221,7 +221,7 @@ def estimate(header: Header, context: int, parallel: int) -> Estimate:
     weights: the tensors, all loaded (mmap'd pages count once resident).
     kv_cache: an f16 K and V for every layer and every cell, cells = context × parallel
       (llama.cpp's --ctx-size is shared by the slots). Sliding-window layers (Gemma 3)
-      are counted at full size: llama.cpp may allocate less, so this errs high.
+      are counted at full size, as the agent's --swa-full allocates them (engines.py).
     overhead: 64 MiB for the process, the graph allocator and the runtime, plus f32
       activations that grow with the cells (cells × embedding × 4: the attention scratch
       and per-token buffers), plus the f32 logits of one token per slot (n_vocab × 4

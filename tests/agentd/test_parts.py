@@ -34,6 +34,9 @@ def test_llama_server_gets_the_context_of_every_slot_and_its_key_from_a_file():
     assert argv[argv.index("-np") + 1] == "4"
     assert argv[argv.index("--api-key-file") + 1] == "/s/r.key"
     assert argv[-2:] == ["--metrics", "--no-jinja"]
+    # A sliding-window model keeps every layer's cache whole, so a cached system prompt
+    # is reused by the next conversation (tests/e2e/test_fleet_llama.py shows it).
+    assert "--swa-full" in argv
 
 
 def test_engines_answer_as_the_served_model_not_as_their_weights_path():

@@ -88,3 +88,27 @@ def test_the_scheduler_places_gemma_and_the_router_answers_with_it(fleet):
         assert time.monotonic() < deadline, f"the restart did not finish: {replicas}"
     (job,) = fleet.admin("/v1/restarts")
     assert (job["replica"], job["state"], job["how"]) == (old, "done", "surge")
+
+    # The agent's llama-server reuses a system prompt it evaluated before even after
+    # another conversation took its slot: Gemma 3 has sliding-window layers, and without
+    # --swa-full the engine could restore only a checkpoint (302 of 813 tokens here).
+    def chat(team: str, question: str) -> tuple[int, int]:
+        rules = [f"Rule {i} of team {team}: when asked about item {i}, answer with care."
+                 for i in range(45)]  # fmt: skip
+        body = {"model": MODEL, "max_tokens": 2, "temperature": 0, "messages": [
+            {"role": "system", "content": f"You help team {team}.\n" + "\n".join(rules)},
+            {"role": "user", "content": question}]}  # fmt: skip
+        r = requests.post(fleet.router_url + "/v1/chat/completions", json=body, timeout=120,
+                          headers={"Authorization": f"Bearer {fleet.secret}"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        cached = (answer["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+        if cached is None:
+            cached = answer["timings"]["cache_n"]
+        return answer["usage"]["prompt_tokens"], cached
+
+    first, _ = chat("x", "one")
+    chat("y", "two")
+    chat("z", "three")  # two slots: this one takes the slot that held team x
+    _, cached = chat("x", "four")
+    assert cached >= first - 16, (first, cached)  # all but the question

@@ -60,11 +60,17 @@ class Launch:
 
 def llama_command(binary: Path, launch: Launch) -> list[str]:
     # llama-server splits -c across its -np slots; a profile's context is per slot.
+    # --swa-full: a model with sliding-window attention (Gemma 2 and 3, ...) keeps every
+    # layer's whole cache, so a cached prompt can be cut back to any prefix. Without it
+    # llama-server can restore only checkpoints, and a conversation whose system prompt
+    # the engine evaluated before, in a slot another conversation took since, gets it
+    # evaluated again (bench/ROUTING-RUNS.md, runs 34-38). gguf.estimate() reserves this
+    # memory already; models without sliding windows ignore the flag.
     return [
         str(binary), "-m", launch.model_path, "--host", launch.host,
         "--port", str(launch.port), "--api-key-file", launch.key_file,
         "-c", str(launch.context * launch.parallel), "-np", str(launch.parallel),
-        "--metrics", *_named("--alias", launch),
+        "--swa-full", "--metrics", *_named("--alias", launch),
         *(leader_args(list(launch.rpc), list(launch.tensor_split)) if launch.rpc else ()),
         *launch.args,
     ]  # fmt: skip

@@ -52,6 +52,9 @@ WORK_DIR = WORK / "routing"
 SHARE = True  # a pair of prefix routers tell each other what they sent where (--no-share)
 EXTRA = ""  # --probe-s, --alpha: lines for the routers' [router], or their defaults
 ENGINE_ARGS: list[str] = []  # --engine-arg: more llama-server flags for every replica
+# As llmgw's agent starts llama-server (tools/agentd/engines.py); --no-swa-full: without it,
+# as runs 1-34 in ROUTING-RUNS.md did.
+SWA_FULL = ["--swa-full"]
 LOG_LEVEL = "warning"  # --trace: "debug", each prefix choice and outcome in router.log
 
 
@@ -101,7 +104,7 @@ class Replica:
         ]  # fmt: skip
         if self.cache_ram is not None:
             cmd += ["--cache-ram", str(self.cache_ram)]
-        cmd += ENGINE_ARGS
+        cmd += SWA_FULL + ENGINE_ARGS
         self.proc = spawn(cmd, self.log, self.cpu, env=clean_env())
         wait_ready(self.url + "/health", self.proc, self.log, 120, f"llama-server {self.n}")
 
@@ -386,6 +389,8 @@ def main() -> None:
                              "gives medians and the spread")  # fmt: skip
     parser.add_argument("--trace", action="store_true",
                         help="routers log each prefix choice and outcome (router.log)")  # fmt: skip
+    parser.add_argument("--no-swa-full", action="store_true",
+                        help="engines without --swa-full (the agent passes it)")  # fmt: skip
     parser.add_argument("--engine-arg", action="append", default=[],
                         help="one more llama-server argument for every replica")  # fmt: skip
     args = parser.parse_args()
@@ -393,6 +398,8 @@ def main() -> None:
         parser.error("--repeat takes 1 or more")
     global EXTRA, LOG_LEVEL, SHARE
     ENGINE_ARGS.extend(args.engine_arg)
+    if args.no_swa_full:
+        SWA_FULL.clear()
     if args.trace:
         LOG_LEVEL = "debug"
     if args.probe_s is not None:
@@ -486,7 +493,8 @@ def main() -> None:
         "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `bench/routing.py` in {took:.0f} s. "
         f"Two llama-server replicas of {MODEL} (Q4_K_M), each pinned to one core, `-t 1 -np 2 "
-        f"-c 8192`, `--cache-ram` {ram}; {args.groups} groups × {args.per_group} "
+        f"-c 8192{''.join(' ' + a for a in SWA_FULL + ENGINE_ARGS)}`, `--cache-ram` {ram}; "
+        f"{args.groups} groups × {args.per_group} "
         f"conversations × {args.turns} turns sharing a system prompt per group, closed loop "
         f"at concurrency {CONCURRENCY}, `max_tokens` {MAX_TOKENS}, "
         f"seed {SEED}, streamed. Each policy starts with fresh engines (cold caches)"

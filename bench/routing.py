@@ -41,6 +41,7 @@ from targets import VENV_BIN, WORK, clean_env, free_port, spawn, stop, wait_read
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from llmgw_agentd.engines import Launch, llama_command  # noqa: E402
 from llmgw_router.prefix import canonical, text_crc  # noqa: E402
 from tests.e2e.test_llama_server import engine_binary, model_file  # noqa: E402
 
@@ -52,9 +53,9 @@ WORK_DIR = WORK / "routing"
 SHARE = True  # a pair of prefix routers tell each other what they sent where (--no-share)
 EXTRA = ""  # --probe-s, --alpha: lines for the routers' [router], or their defaults
 ENGINE_ARGS: list[str] = []  # --engine-arg: more llama-server flags for every replica
-# As llmgw's agent starts llama-server (tools/agentd/engines.py); --no-swa-full: without it,
-# as runs 1-34 in ROUTING-RUNS.md did.
-SWA_FULL = ["--swa-full"]
+# Engines start with the agent's own command (tools/agentd/engines.py); --no-swa-full
+# takes its --swa-full out, as runs 1-34 in ROUTING-RUNS.md had it.
+SWA_FULL = True
 LOG_LEVEL = "warning"  # --trace: "debug", each prefix choice and outcome in router.log
 
 
@@ -96,15 +97,15 @@ class Replica:
         self.proc = None
 
     def start(self) -> None:
-        cmd = [
-            engine_binary(), "-m", str(model_file()), "--host", "127.0.0.1",
-            "--port", str(self.port), "--api-key-file", str(self.key_file),
-            "-c", "8192", "-np", "2", "-t", "1", "-tb", "1", "--metrics",
-            "--no-jinja", "--chat-template", "gemma", "--alias", MODEL,
-        ]  # fmt: skip
+        args = ["-t", "1", "-tb", "1", "--no-jinja", "--chat-template", "gemma"]
         if self.cache_ram is not None:
-            cmd += ["--cache-ram", str(self.cache_ram)]
-        cmd += SWA_FULL + ENGINE_ARGS
+            args += ["--cache-ram", str(self.cache_ram)]
+        launch = Launch(model_path=str(model_file()), host="127.0.0.1", port=self.port,
+                        key_file=str(self.key_file), context=4096, parallel=2,
+                        args=(*args, *ENGINE_ARGS), served_name=MODEL)  # fmt: skip
+        cmd = llama_command(Path(engine_binary()), launch)
+        if not SWA_FULL:
+            cmd.remove("--swa-full")
         self.proc = spawn(cmd, self.log, self.cpu, env=clean_env())
         wait_ready(self.url + "/health", self.proc, self.log, 120, f"llama-server {self.n}")
 
@@ -124,7 +125,7 @@ class Replica:
 def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 0,
                  shares: list[str] = ()):  # fmt: skip
     """Router `n` for `policy`: its own directory (spool, log), the first one's store
-    (so one API key serves both of a pair). With `shares` (--share), router n publishes
+    (so one API key serves both of a pair). With `shares` (no --no-share), router n publishes
     on shares[n] as router-n and subscribes to the others."""
     work = WORK_DIR / f"router-{policy}-{n}"
     shutil.rmtree(work, ignore_errors=True)
@@ -396,10 +397,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat takes 1 or more")
-    global EXTRA, LOG_LEVEL, SHARE
+    global EXTRA, LOG_LEVEL, SHARE, SWA_FULL
     ENGINE_ARGS.extend(args.engine_arg)
-    if args.no_swa_full:
-        SWA_FULL.clear()
+    SWA_FULL = not args.no_swa_full
     if args.trace:
         LOG_LEVEL = "debug"
     if args.probe_s is not None:
@@ -493,7 +493,8 @@ def main() -> None:
         "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `bench/routing.py` in {took:.0f} s. "
         f"Two llama-server replicas of {MODEL} (Q4_K_M), each pinned to one core, `-t 1 -np 2 "
-        f"-c 8192{''.join(' ' + a for a in SWA_FULL + ENGINE_ARGS)}`, `--cache-ram` {ram}; "
+        f"-c 8192{''.join(' ' + a for a in ['--swa-full'] * SWA_FULL + ENGINE_ARGS)}`, "
+        f"`--cache-ram` {ram}; "
         f"{args.groups} groups × {args.per_group} "
         f"conversations × {args.turns} turns sharing a system prompt per group, closed loop "
         f"at concurrency {CONCURRENCY}, `max_tokens` {MAX_TOKENS}, "

@@ -10,7 +10,8 @@ turns with the model's replies appended; closed loop at concurrency 4 (each work
 one conversation's turns in order, then takes the next), seeded, `max_tokens` 32,
 streamed so time to first token is measured. Reported per policy: prompt tokens the
 engines evaluated (Σ `timings.prompt_n`, cross-checked with their
-`llamacpp:prompt_tokens_total`), TTFT p50/p95, requests/s. Controls: unique prompts
+`llamacpp:prompt_tokens_total`), TTFT p50/p95, requests/s, and how many requests a prefix
+router held until another finished evaluating their shared prompt. Controls: unique prompts
 (nothing to share: prefix must cost nothing), one hot group (every conversation
 shares one prompt: the load guard must keep both replicas busy), and two routers behind
 a load balancer that alternates between them request by request (each router sees half
@@ -47,6 +48,9 @@ from tests.e2e.test_llama_server import engine_binary, model_file  # noqa: E402
 
 MODEL = "gemma3-270m"
 POLICIES = ("round-robin", "least-outstanding", "prefix")
+# Only with --only: prefix routing whose requests never wait for another's prompt
+# evaluation (router.prefix_hold_s = 0), to run beside "prefix".
+NO_HOLD = "prefix-without-hold"
 GROUPS, PER_GROUP, CONCURRENCY, MAX_TOKENS, SEED = 4, 8, 4, 32, 7
 TOPICS = ["tides", "glaciers", "volcanoes", "deserts", "rivers", "forests", "caves"]
 WORK_DIR = WORK / "routing"
@@ -144,10 +148,11 @@ def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 
                  f"prefix_peers = [{peers}]\n")  # fmt: skip
         paths = f'config_dir = "{WORK_DIR / "conf"}"\n'
     config = work / "llmgw.toml"
+    routing, hold = (policy, "") if policy != NO_HOLD else ("prefix", "prefix_hold_s = 0\n")
     config.write_text(
         f'[log]\nlevel = "{LOG_LEVEL}"\n[paths]\nstate_dir = "."\n{paths}[router]\n'
-        f'listen = "127.0.0.1:{port}"\nrouting = "{policy}"\n'
-        f"upstream_timeout_s = 300.0\n{EXTRA}{share}{eps}"
+        f'listen = "127.0.0.1:{port}"\nrouting = "{routing}"\n'
+        f"upstream_timeout_s = 300.0\n{EXTRA}{hold}{share}{eps}"
     )
     env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{store}")
     api_key = None
@@ -283,6 +288,7 @@ def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
             api_key = api_key or key
         time.sleep(2.5 if routers > 1 else 0)  # the others' key cache: refreshed every 2 s
         results, wall = asyncio.run(drive(urls, api_key, convs))
+        holds = sum(router_counter(url, "llmgw_router_prefix_holds_total") for url in urls)
         scraped = sum(r.prompt_tokens_total(engine_key) for r in replicas)
         per_replica = []
         for r in replicas:
@@ -310,7 +316,16 @@ def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
         "ttft_p95": pct(ttfts, 0.95),
         "rps": len(results) / wall,
         "wall_s": wall,
+        "holds": holds,
     }
+
+
+def router_counter(url: str, name: str) -> int:
+    """A router's counter, summed over its labels (0 when it has none yet)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    return int(sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)))
 
 
 def interleaved(policies: tuple, repeat: int, run_one) -> dict:
@@ -328,7 +343,7 @@ def median_of(runs: list[dict]) -> dict:
     if len(runs) == 1:
         return runs[0]
     m = dict(runs[0], runs=runs)
-    for k in ("requests", "prompt_n", "scraped", "prompt_tokens"):
+    for k in ("requests", "prompt_n", "scraped", "prompt_tokens", "holds"):
         m[k] = int(statistics.median(r[k] for r in runs))
     for k in ("ttft_p50", "ttft_p95", "rps", "wall_s"):
         m[k] = statistics.median(r[k] for r in runs)
@@ -353,14 +368,15 @@ def row(m: dict) -> str:
     return (
         f"| {m['policy']} | {m['requests']} | {m['prompt_n']:,} | {m['scraped']:,} "
         f"| {' / '.join(f'{x:,}' for x in m['per_replica'])} | {m['prompt_tokens']:,} "
-        f"| {m['ttft_p50'] * 1000:.0f} | {m['ttft_p95'] * 1000:.0f} | {m['rps']:.2f} |"
+        f"| {m['ttft_p50'] * 1000:.0f} | {m['ttft_p95'] * 1000:.0f} | {m['rps']:.2f} "
+        f"| {m['holds']} |"
     )
 
 
 HEAD = (
     "| policy | requests | prompt tokens evaluated (Σ timings.prompt_n) "
     "| llamacpp:prompt_tokens_total | per replica | prompt tokens sent | TTFT p50 ms "
-    "| TTFT p95 ms | req/s |\n|---|---|---|---|---|---|---|---|---|"
+    "| TTFT p95 ms | req/s | held |\n|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -376,13 +392,15 @@ def main() -> None:
                         help="leave out the two routers behind a load balancer")  # fmt: skip
     parser.add_argument("--out", default="ROUTING.md", help="the report, in bench/")
     parser.add_argument("--only", action="append", default=[],
-                        help="run only these (round-robin, least-outstanding, prefix,"
+                        help=f"run only these (round-robin, least-outstanding, prefix, {NO_HOLD},"
                              " pair-least-outstanding, pair-prefix); no gates")  # fmt: skip
     parser.add_argument("--probe-s", type=float, default=None,
                         help="the routers' router.engine_probe_s (default: theirs)")  # fmt: skip
     parser.add_argument("--no-share", action="store_true",
                         help="the pair's prefix routers do not tell each other what they "
                              "sent where (router.prefix_share, router.prefix_peers)")  # fmt: skip
+    parser.add_argument("--hold-s", type=float, default=None,
+                        help="the routers' router.prefix_hold_s (default: theirs)")  # fmt: skip
     parser.add_argument("--alpha", type=float, default=None,
                         help="the routers' router.prefix_alpha (default: theirs)")  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1,
@@ -406,6 +424,8 @@ def main() -> None:
         EXTRA += f"engine_probe_s = {args.probe_s}\n"
     if args.alpha is not None:
         EXTRA += f"prefix_alpha = {args.alpha}\n"
+    if args.hold_s is not None:
+        EXTRA += f"prefix_hold_s = {args.hold_s}\n"
     SHARE = not args.no_share
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
@@ -427,7 +447,8 @@ def main() -> None:
             print(where_turns_went(policy, routers), flush=True)
         return m
 
-    measured = interleaved(tuple(p for p in POLICIES if not only or p in only), args.repeat,
+    measured = interleaved(tuple(p for p in (*POLICIES, NO_HOLD) if p in only or
+                                 (not only and p != NO_HOLD)), args.repeat,
                            one_run)  # fmt: skip
     controls = []
     if not args.no_controls and not only:

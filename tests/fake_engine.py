@@ -22,7 +22,8 @@ is 7 tokens and nothing is said about caching.
 Like llama-server, it answers with its weights' path as `model` (one with a quote and a
 trailing backslash, so JSON escapes it) unless started with `--alias NAME`.
 
-`GET /_stats` says how many requests it saw, which were cancelled by the client, and the
+`GET /_stats` says how many requests it saw, which were cancelled by the client, the most
+it answered at once (`peak_active`), and the
 last request's headers and body, so tests can check what the router forwarded. Any other
 path (as /v1/messages or /v1/responses: it serves neither) is answered 404 and listed in
 `unknown_paths`.
@@ -63,6 +64,7 @@ class Engine:
         self.cancelled = 0
         self.streamed_chunks = 0  # stream chunks written, all requests together
         self.active = 0
+        self.peak_active = 0  # the most requests it answered at once
         self.last_headers: dict = {}
         self.last_body: dict = {}
         self.unknown_paths: list[str] = []
@@ -108,6 +110,7 @@ class Engine:
                 "cancelled": self.cancelled,
                 "streamed_chunks": self.streamed_chunks,
                 "active": self.active,
+                "peak_active": self.peak_active,
                 "last_headers": self.last_headers,
                 "last_body": self.last_body,
                 "unknown_paths": self.unknown_paths,
@@ -214,6 +217,7 @@ class Engine:
             return web.json_response({"error": {"message": "Loading model"}}, status=503)
         chat = request.path.endswith("chat/completions")
         self.active += 1
+        self.peak_active = max(self.peak_active, self.active)
         try:
             if self.mode == "stall":
                 await asyncio.sleep(3600)

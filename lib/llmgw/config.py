@@ -122,6 +122,10 @@ class RouterConfig:
     prefix_alpha: float = 1.0
     # prefix: memory for every replica's remembered prompt blocks together.
     prefix_memory_mb: int = 64
+    # prefix: the longest a request waits for another request on the same replica to
+    # finish evaluating the prompt they share, rather than have it evaluated twice side
+    # by side; 0: never wait.
+    prefix_hold_s: float = 20.0
     # prefix, with more than one router: where this router tells the others what it
     # sent where and has in flight (a ZeroMQ endpoint, e.g. "tcp://0.0.0.0:7075"; CURVE
     # with its bus_name keypair; empty: nowhere), and where it hears them:

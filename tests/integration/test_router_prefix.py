@@ -3,6 +3,7 @@ they reused from their prompt caches."""
 
 import os
 import re
+import threading
 
 import pytest
 
@@ -55,6 +56,37 @@ def test_a_conversations_turns_go_to_the_replica_holding_its_prefix(make_router,
     assert metric(text, "llmgw_router_prefix_cached_tokens_total") > 0
     assert metric(text, "llmgw_router_prefix_hit_ratio") > 0.5
     assert metric(text, "llmgw_router_prefix_chain_drops_total") == 0
+
+
+def test_a_shared_prompt_still_being_evaluated_is_waited_for(make_router, engines):
+    """Two requests with one new system prompt, the second sent while the engine is
+    still on the first's prompt: the router holds the second until the first ends, so
+    the engine never evaluates that prompt twice side by side."""
+    engines[0].control(cache="on", first_delay_s=3.0)  # "evaluating the prompt" 3 s
+    router = make_router([engines[0].url], routing="prefix")
+    results = {}
+
+    def ask(name, question):
+        messages = [{"role": "system", "content": SYSTEMS[2]},
+                    {"role": "user", "content": question}]  # fmt: skip
+        body = {"model": "m", "messages": messages, "max_tokens": 8, "stream": True}
+        results[name] = router.post("/v1/chat/completions", body)
+
+    first = threading.Thread(target=ask, args=("first", "What is a fox?"))
+    first.start()
+    eventually(lambda: engines[0].stats()["requests"] == 1, what="the first at the engine")
+    second = threading.Thread(target=ask, args=("second", "What is a dog?"))
+    second.start()
+    first.join(30)
+    second.join(30)
+    assert results["first"].status_code == 200 and results["second"].status_code == 200
+    assert "[DONE]" in results["second"].text
+    stats = engines[0].stats()
+    assert stats["requests"] == 2
+    assert stats["peak_active"] == 1, "the engine had both prompts at once"
+    text = router.metrics()
+    assert metric(text, "llmgw_router_prefix_holds_total") == 1
+    assert metric(text, "llmgw_router_prefix_hold_seconds_total") > 0
 
 
 def test_a_replica_whose_engine_caches_nothing_loses_the_chain(make_router, engines):

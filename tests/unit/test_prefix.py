@@ -1,6 +1,8 @@
-"""Prefix-aware routing's bookkeeping: keys, matching, LRU bounds, the load guard and
-self-correction from what the engine says it reused."""
+"""Prefix-aware routing's bookkeeping: keys, matching, LRU bounds, the load guard,
+self-correction from what the engine says it reused, and waiting for a prompt another
+request is evaluating."""
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -9,9 +11,11 @@ from llmgw_router.prefix import (
     DECODE_WEIGHT_MAX,
     ENTRY_BYTES,
     PrefixIndex,
+    answered,
     cached_tokens,
     canonical,
     decode_weight,
+    hold,
     request_key,
 )
 
@@ -381,3 +385,125 @@ def test_each_choice_and_each_end_is_offered_to_the_peers():
     idx.served("a", key, 0, None)
     assert said[1] == ("a", 0, 0.0, ())
     assert idx.loads() == {"a": (0, 0.0)}
+
+
+def test_a_prompt_still_being_evaluated_is_waited_for_not_evaluated_beside_it():
+    idx = PrefixIndex()
+    a = Ep("a")
+    first = request_key(chat("q1"))
+    assert idx.choose([a], first) is a and first.holder is None  # nothing there yet
+    second = request_key(chat("q2"))  # the same system prompt, first still in flight
+    assert idx.choose([a], second) is a
+    assert second.holder is first
+    idx.served("a", first, 0, None)
+    third = request_key(chat("q3"))  # the system prompt is in the engine now
+    idx.choose([a], third)
+    assert third.holder is None
+    # The second's own blocks are pending: a later turn of its conversation sent while
+    # it is in flight shares only its short tail (< HOLD_MIN_TOKENS) beyond the system
+    # prompt, which is no longer pending: nothing to wait for.
+    idx.choose([a], later := request_key(chat("q2", "r2", "q2b")))
+    assert later.holder is None
+
+
+def test_a_short_shared_prefix_is_not_worth_waiting_for():
+    idx = PrefixIndex()
+    a = Ep("a")
+    idx.choose([a], request_key(chat("q1", system="Be brief. " * 20)))  # ~200 chars
+    second = request_key(chat("q2", system="Be brief. " * 20))
+    idx.choose([a], second)
+    assert second.holder is None
+
+
+def _waiting(idx, a):
+    first = request_key(chat("q1"))
+    idx.choose([a], first)
+    second = request_key(chat("q2"))
+    idx.choose([a], second)
+    assert second.holder is first
+    return first, second
+
+
+def test_the_wait_ends_when_the_other_request_ends():
+    async def scenario():
+        idx, a = PrefixIndex(), Ep("a")
+        first, second = _waiting(idx, a)
+        first.sent_at = asyncio.get_running_loop().time()
+        task = asyncio.ensure_future(hold(second, 20))
+        for _ in range(5):  # it waits on an event, not a clock: give it turns
+            await asyncio.sleep(0)
+        assert not task.done()
+        answered(first, asyncio.get_running_loop().time())  # prompt evaluated, answering
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done()  # the slot's prompt reaches the cache when it ends
+        idx.served("a", first, 0, None)
+        waited = await asyncio.wait_for(task, 5)
+        assert 0 <= waited < 20 and second.holder is None
+
+    asyncio.run(scenario())
+
+
+def test_a_long_answer_ahead_is_not_waited_out():
+    async def scenario():
+        idx, a = PrefixIndex(), Ep("a")
+        first, second = _waiting(idx, a)
+        now = asyncio.get_running_loop().time()
+        # It took 0.2 s to start answering and is still answering: wait at most half that.
+        first.sent_at, first.answered_at = now - 0.2, now
+        waited = await asyncio.wait_for(hold(second, 20), 5)
+        assert waited < 1 and not first.ended
+        # Answering for long already: no wait at all.
+        third = request_key(chat("q3"))
+        idx.choose([a], third)
+        first.sent_at, first.answered_at = now - 20, now - 10
+        assert third.holder is first
+        assert await asyncio.wait_for(hold(third, 20), 5) < 0.05
+
+    asyncio.run(scenario())
+
+
+def test_a_retry_elsewhere_makes_the_request_a_holder_again():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    first = request_key(chat("q1"))
+    idx.choose([a], first)
+    idx.served("a", first, 0, None)  # failed there
+    assert first.ended
+    idx.choose([b], first)  # the retry
+    assert not first.ended
+    second = request_key(chat("q2"))
+    idx.choose([b], second)
+    assert second.holder is first
+
+
+def test_a_router_told_never_to_wait_does_not():
+    idx = PrefixIndex(hold_s=0)
+    a = Ep("a")
+    idx.choose([a], request_key(chat("q1")))
+    second = request_key(chat("q2"))
+    idx.choose([a], second)
+    assert second.holder is None
+
+
+def test_a_miss_while_another_request_used_the_prefix_keeps_the_chain():
+    """llama-server keeps a prompt in the slot that last had it: a second request of a
+    group, sent while the first has that slot, evaluates the prompt again though the
+    engine holds it. That miss says nothing about what the engine keeps."""
+    idx = PrefixIndex()
+    a = Ep("a")
+    holds(idx, "a", chat("q"))
+    first = request_key(chat("q", "r", "s"))
+    second = request_key(chat("q", "r", "t"))
+    idx.choose([a], first)
+    idx.choose([a], second)
+    assert second.contended and not first.contended
+    out = idx.served("a", second, 500, 0)
+    assert out.dropped == 0
+    assert idx.match("a", second) == len(second.blocks)  # the chain stays whole
+    # The same miss with nothing else in flight drops the chain.
+    idx.served("a", first, 500, 480)
+    third = request_key(chat("q", "r", "v"))
+    idx.choose([a], third)
+    assert not third.contended
+    assert idx.served("a", third, 500, 0).dropped > 0

@@ -11,7 +11,7 @@ import json
 import time
 
 from llmgw import log
-from llmgw_router import metrics
+from llmgw_router import metrics, prefix
 from llmgw_router.errors import ApiError, Untranslatable, api_error
 from llmgw_router.exchange import Answer, Stream, loads
 from llmgw_router.prefix import cached_tokens, decode_weight
@@ -328,7 +328,12 @@ class Call:
                     return self._finish(e.answer(self.rid))
                 ep.outstanding += 1
                 head = b"".join((line, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n"))
+                key = self.affinity
+                if key is not None and key.holder is not None:
+                    await self._hold(ep, key)
                 try:
+                    if key is not None:
+                        key.sent_at = asyncio.get_running_loop().time()
                     upstream = await up.pool.request(up.pool.origin(ep.url), head, sent)
                 except UpstreamError as e:
                     ep.outstanding -= 1
@@ -374,6 +379,16 @@ class Call:
             self._stop_keepalive()
             if self._keepalive_task is not None:
                 self._keepalive_task.cancel()
+
+    async def _hold(self, ep: Endpoint, key) -> None:
+        """Wait for the request evaluating this prompt on `ep` to end (prefix.hold)."""
+        try:
+            waited = await prefix.hold(key, self.up.table.prefix.hold_s)
+        except BaseException:
+            ep.outstanding -= 1
+            self._routed(ep)
+            raise
+        metrics.prefix_held(self.model, waited)
 
     def _routed(self, ep: Endpoint) -> None:
         """Tell the prefix index the attempt on `ep` ended, and what the engine cached."""
@@ -513,8 +528,11 @@ class Call:
         self._ended = False
         # A chat stream ends with [DONE]; another API's own stream with its own event.
         self._end = _DONE if self.translating or self.route.dialect is None else self.route.done
+        key = self.affinity
         try:
             while (chunk := await upstream.next()) is not None:
+                if key is not None and not key.answered_at:
+                    prefix.answered(key, asyncio.get_running_loop().time())
                 out = self._relay_piece(chunk)
                 if out:
                     await self._write(out)

@@ -110,7 +110,11 @@ def main(config_path, listen, endpoints):
         cooldown_s=rc.cooldown_s,
         fed=bool(rc.schedulers),
         routing=rc.routing,
-        prefix=PrefixIndex(alpha=rc.prefix_alpha, memory_bytes=rc.prefix_memory_mb << 20),
+        prefix=PrefixIndex(
+            alpha=rc.prefix_alpha,
+            memory_bytes=rc.prefix_memory_mb << 20,
+            hold_s=max(0.0, rc.prefix_hold_s),
+        ),
     )
     share = make_share(cfg, table) if rc.prefix_share or rc.prefix_peers else None
     feed = None

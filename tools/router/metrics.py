@@ -282,7 +282,24 @@ PREFIX_HIT_RATIO = Gauge(
     "Share of prompt tokens the engines reused from their caches since start, by model",
     ["model"],
 )
+PREFIX_HOLDS = Counter(
+    "llmgw_router_prefix_holds",
+    "Requests that waited for another to finish evaluating the prompt they share on the "
+    "same replica, rather than evaluate it again beside it (prefix routing), by model",
+    ["model"],
+)
+PREFIX_HOLD_SECONDS = Counter(
+    "llmgw_router_prefix_hold_seconds",
+    "Seconds requests waited for another's prompt evaluation (prefix routing), by model",
+    ["model"],
+)
 _prefix_sums: dict[str, list[int]] = {}
+
+
+def prefix_held(model: str, seconds: float) -> None:
+    """A request waited `seconds` for another's prompt on its replica (prefix.hold)."""
+    PREFIX_HOLDS.labels(model).inc()
+    PREFIX_HOLD_SECONDS.labels(model).inc(seconds)
 
 
 def prefix_observed(model: str, outcome, prompt_tokens: int) -> None:

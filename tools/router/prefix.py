@@ -1,6 +1,6 @@
 """Prefix-aware routing: send a request where its prompt is most likely cached already.
 
-Pure bookkeeping, no clock, no I/O but its debug lines. A request's key is the
+Bookkeeping, no I/O but its debug lines; `hold()` is its one wait. A request's key is the
 canonical text of its prompt in the order the chat template renders it (model, tools,
 then each message's role and content; a completion's prompt), cut into blocks of
 `BLOCK_CHARS`, each block's hash chained on the previous one's, so one flat dict per
@@ -18,6 +18,7 @@ routers' work is what they said they have in flight when they share, else their
 requests on the engine at its last probe.
 """
 
+import asyncio
 import json
 import zlib
 from collections import OrderedDict, deque
@@ -34,8 +35,24 @@ ENTRY_BYTES = 120  # what one remembered block costs: dict slot, int key, list l
 # say (llama-server's `timings`: ms per predicted token / ms per prompt token).
 DECODE_WEIGHT = 1.0
 DECODE_WEIGHT_MAX = 20.0
-# Below this many predicted tokens a miss proves nothing (one block is noise).
+# Below this many predicted tokens a miss proves nothing (one block is noise). Nor does
+# a miss while another request of this router was using that prefix on the replica:
+# llama-server keeps one copy of a prompt per slot, in the slot that last had it, and
+# takes a host-cache copy into a slot rather than copying it; a second request arriving
+# while that slot is busy evaluates the prompt again though the engine has it (a
+# contended miss). The chain stays: the engine holds the prefix, now twice.
 MISS_MIN_TOKENS = 2 * BLOCK_CHARS / CHARS_PER_TOKEN
+# A request whose match on its replica is a prompt another request put there and is
+# still evaluating would have it evaluated twice side by side: llama-server shares no
+# work between slots, and a slot's prompt reaches its host cache only when the slot
+# ends. It waits for that request to end instead (`hold`), when at least this many of
+# its tokens are at stake, at most `router.prefix_hold_s`, and once the other's engine is
+# answering, at most HOLD_GRACE times what that engine took to start answering (a long
+# answer ahead must not cost more than evaluating the prompt again). One core, a
+# 1,700-token system prompt: two together took 9.5 s and 16 s to a first token; one
+# after the other, 8 s and then 0.1 s (bench/ROUTING-RUNS.md, run 40).
+HOLD_MIN_TOKENS = 256
+HOLD_GRACE = 0.5
 
 
 def _text(content) -> str:
@@ -129,6 +146,17 @@ class Key:
     # Set by choose() for the replica it went to, read back by served():
     matched: int = 0  # leading blocks that replica was thought to hold
     load: float = 0.0  # tokens of work added to that replica's in-flight count
+    contended: bool = False  # another request was using its matched prefix there
+    # The request still evaluating the prompt this one matched there, when worth waiting
+    # for (see HOLD_MIN_TOKENS): hold() waits for it, and clears it.
+    holder: "Key | None" = None
+    # Its own attempt, as a holder: when it went to the engine and when the engine began
+    # answering (the event loop's clock; call.py), whether it ended (served()), and
+    # what its waiters wait on (set and replaced at each of those steps).
+    sent_at: float = 0.0
+    answered_at: float = 0.0
+    ended: bool = False
+    progress: asyncio.Event | None = None
 
 
 def text_crc(text: str) -> int:
@@ -149,10 +177,12 @@ def request_key(payload: dict, session: str = "", block_chars: int = BLOCK_CHARS
 
 
 class _Replica:
-    __slots__ = ("blocks", "capacity", "inflight", "requests")
+    __slots__ = ("blocks", "capacity", "inflight", "pending", "requests", "using")
 
     def __init__(self, capacity: int):
         self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.pending: dict[int, Key] = {}  # block -> the request in flight that added it
+        self.using: dict[int, int] = {}  # block -> requests in flight whose prompt has it
         self.capacity = capacity  # blocks
         self.inflight = 0.0  # tokens of work this router has sent it and not seen end
         self.requests = 0  # requests this router has sent it and not seen end
@@ -171,6 +201,7 @@ class PrefixIndex:
 
     alpha: float = 1.0  # weight of tokens already in flight against uncached tokens
     memory_bytes: int = 64 << 20  # ceiling over every replica's LRU together
+    hold_s: float = 20.0  # the longest a request waits for another's prompt; 0: never
     block_chars: int = BLOCK_CHARS
     default_capacity_tokens: int = 8192  # a replica whose cache size nobody said
     _replicas: dict = field(default_factory=dict)
@@ -306,6 +337,10 @@ class PrefixIndex:
             best, matched = least, self.match(least.id, key)
             if seen is not None:
                 seen.append("load-guard")
+        if self.hold_s > 0:
+            key.holder = self._holder(best.id, key, matched, per_block)
+        if seen is not None and key.holder is not None:
+            seen.append("hold")
         if seen is not None:  # why it went there: `[log] level = "debug"`
             _log.debug(
                 "prefix chose",
@@ -319,23 +354,46 @@ class PrefixIndex:
         self.sent(best.id, key, matched)
         return best
 
+    def _holder(self, rid: str, key: Key, matched: int, per_block: float) -> Key | None:
+        """The request in flight on `rid` that added the most of `key`'s first
+        `matched` blocks, when they are worth waiting for."""
+        pending = self._replicas[rid].pending if rid in self._replicas else None
+        if not pending:
+            return None
+        count: dict = {}
+        for h in key.blocks[:matched]:
+            k = pending.get(h)
+            if k is not None and not k.ended:
+                count[k] = count.get(k, 0) + 1
+        if not count:
+            return None
+        holder, n = max(count.items(), key=lambda kv: kv[1])
+        return holder if n * per_block >= HOLD_MIN_TOKENS else None
+
     def _uncached(self, key: Key, matched: int, cpt: float) -> float:
         """Tokens of `key`'s prompt past its first `matched` blocks."""
         return max(0.0, (key.chars - matched * self.block_chars) / cpt)
 
     def sent(self, replica: str, key: Key, matched: int) -> None:
         """`key` went to `replica`: after it, the engine holds its prompt; until it
-        ends, its uncached prompt and its decode count as work in flight there."""
+        ends, its uncached prompt and its decode count as work in flight there, and the
+        blocks it adds are pending there (see HOLD_MIN_TOKENS)."""
         r = self._replica(replica)
         cpt = self.chars_per_token(key.model)
         key.matched = matched
+        key.ended, key.answered_at = False, 0.0
+        shared = min(matched, max(1, int(MISS_MIN_TOKENS * cpt / self.block_chars)))
+        key.contended = matched > 0 and r.using.get(key.blocks[shared - 1], 0) > 0
+        using = r.using
+        for h in key.blocks:
+            using[h] = using.get(h, 0) + 1
         decode = key.max_tokens * self.decode_weight(key.model)
         key.load = self._uncached(key, matched, cpt) + decode
         r.inflight += key.load
         r.requests += 1
         mean = self._mean_load
         self._mean_load = 0.9 * mean + 0.1 * key.load if mean else key.load
-        self._hold(r, key.blocks)
+        self._hold(r, key.blocks, key)
         if self.on_change is not None:
             self.on_change(replica, r.requests, r.inflight, key.blocks)
         if key.session:
@@ -369,14 +427,17 @@ class PrefixIndex:
         """This router's requests and tokens of work in flight, per replica."""
         return {rid: (r.requests, r.inflight) for rid, r in self._replicas.items()}
 
-    def _hold(self, r: _Replica, blocks) -> None:
-        """The replica holds these blocks now: most recently used, the LRU trimmed."""
+    def _hold(self, r: _Replica, blocks, owner: Key | None = None) -> None:
+        """The replica holds these blocks now: most recently used, the LRU trimmed;
+        those new there pending on `owner` until it ends."""
         for h in blocks:
             if h in r.blocks:
                 r.blocks.move_to_end(h)
             else:
                 r.blocks[h] = None
                 self._entries += 1
+                if owner is not None:
+                    r.pending[h] = owner
         self._trim(r)
 
     def _trim(self, r: _Replica) -> None:
@@ -402,7 +463,20 @@ class PrefixIndex:
             old = self._decode_weight.get(key.model)
             self._decode_weight[key.model] = w if old is None else 0.8 * old + 0.2 * w
         r = self._replicas.get(replica)
+        key.ended = True
+        notify(key)
         if r is not None:
+            if r.pending:
+                for h in key.blocks:
+                    if r.pending.get(h) is key:
+                        del r.pending[h]
+            using = r.using
+            for h in key.blocks:
+                n = using.get(h, 0)
+                if n > 1:
+                    using[h] = n - 1
+                else:
+                    using.pop(h, None)
             r.inflight = max(0.0, r.inflight - key.load)
             r.requests = max(0, r.requests - 1)
             if self.on_change is not None:
@@ -416,7 +490,8 @@ class PrefixIndex:
         if cached is None or r is None:
             return Outcome(predicted, -1 if cached is None else cached, 0)
         dropped = 0
-        if predicted - cached >= MISS_MIN_TOKENS and cached < 0.5 * predicted:
+        missed = predicted - cached >= MISS_MIN_TOKENS and cached < 0.5 * predicted
+        if missed and not key.contended:
             keep = int(cached * cpt / self.block_chars)
             for h in key.blocks[keep:]:
                 if h in r.blocks:
@@ -425,8 +500,48 @@ class PrefixIndex:
                     dropped += 1
         if _log.debugging:
             _log.debug("prefix served", replica=replica, crc=key.crc, prompt=prompt_tokens,
-                       predicted=round(predicted), cached=cached, dropped=dropped)  # fmt: skip
+                       predicted=round(predicted), cached=cached, dropped=dropped,
+                       contended=key.contended)  # fmt: skip
         return Outcome(predicted, cached, dropped)
+
+
+def notify(key: Key) -> None:
+    """Wake what waits on `key` (hold()): it began answering, or ended."""
+    ev, key.progress = key.progress, None
+    if ev is not None:
+        ev.set()
+
+
+def answered(key: Key, now: float) -> None:
+    """The engine began answering `key`'s attempt: its prompt is evaluated."""
+    if not key.answered_at:
+        key.answered_at = now
+        notify(key)
+
+
+async def hold(key: Key, max_s: float) -> float:
+    """Wait for `key.holder` (set by choose()) to end, so its engine has the prompt
+    cached: at most `max_s`, and HOLD_GRACE; seconds waited."""
+    h, key.holder = key.holder, None
+    if h is None or h.ended:
+        return 0.0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + max_s
+    while not h.ended:
+        if h.answered_at:
+            grace = HOLD_GRACE * max(0.0, h.answered_at - h.sent_at)
+            deadline = min(deadline, h.answered_at + grace)
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        if h.progress is None:
+            h.progress = asyncio.Event()
+        try:
+            await asyncio.wait_for(h.progress.wait(), left)
+        except TimeoutError:
+            break
+    return loop.time() - start
 
 
 def decode_weight(answer: dict) -> float | None:

@@ -2,6 +2,7 @@
 
 import hashlib
 import http.server
+import subprocess
 import sys
 import threading
 from collections import deque
@@ -17,6 +18,8 @@ from llmgw_agentd.engines import (
     Installer,
     Launch,
     llama_command,
+    llama_patches,
+    patch_stamp,
     template_command,
     vllm_command,
 )
@@ -76,16 +79,54 @@ def test_vllm_is_refused_on_a_node_without_gpus(tmp_path):
     assert installer.report()["vllm-0.9.0"]["state"] == "failed"
 
 
-def test_llama_cpp_is_installed_from_a_finished_build_in_the_cache(tmp_path):
+def cached_build(tmp_path, stamp: str | None) -> Path:
+    """A finished build of llama.cpp 0.3.36 in an engine cache, with PATCHES `stamp`."""
     cache = tmp_path / "cache"
     built = cache / "llama.cpp-0.3.36" / "bin" / "llama-server"
     built.parent.mkdir(parents=True)
     built.write_text("#!/bin/sh\n")
+    if stamp is not None:
+        (built.parent.parent / "PATCHES").write_text(stamp)
+    return cache
+
+
+def test_llama_cpp_is_installed_from_a_finished_build_in_the_cache(tmp_path):
+    cache = cached_build(tmp_path, patch_stamp("0.3.36"))
     installer = Installer(AgentConfig(engine_cache=str(cache)), tmp_path / "state",
                           lambda: False, lambda *a: None)  # fmt: skip
     installer.ensure("llama.cpp", "0.3.36")
-    assert (tmp_path / "state" / "engines" / "llama.cpp-0.3.36" / "bin" / "llama-server").exists()
+    installed = tmp_path / "state" / "engines" / "llama.cpp-0.3.36"
+    assert (installed / "bin" / "llama-server").exists()
+    assert (installed / "PATCHES").read_text() == patch_stamp("0.3.36")
     assert installer.report()["llama.cpp-0.3.36"]["state"] == INSTALLED
+
+
+def test_a_cached_build_without_todays_patches_is_built_again(tmp_path, monkeypatch):
+    cache = cached_build(tmp_path, None)  # built before llmgw patched llama.cpp
+    steps = []
+
+    def run(self, argv, log_file, what, engine_id):
+        steps.append(what)
+        raise EngineError(f"{engine_id}: {what} stopped here")
+
+    monkeypatch.setattr(Installer, "_run", run)
+    installer = Installer(AgentConfig(engine_cache=str(cache)), tmp_path / "state",
+                          lambda: False, lambda *a: None)  # fmt: skip
+    with pytest.raises(EngineError, match="download stopped here"):
+        installer.ensure("llama.cpp", "0.3.36")
+    assert steps == ["download"]
+    installed = tmp_path / "state" / "engines" / "llama.cpp-0.3.36"
+    assert not (installed / "bin" / "llama-server").exists()
+
+
+def test_the_agent_and_the_build_script_record_the_same_patches():
+    # scripts/build-llama-server writes `sha256sum *.patch`; the agent compares with this.
+    (first, *_) = llama_patches("0.3.36")  # the pinned version carries at least one
+    names = [p.name for p in llama_patches("0.3.36")]
+    listed = subprocess.run(["sha256sum", "--", *names], cwd=first.parent,
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    assert patch_stamp("0.3.36") == listed.stdout
+    assert patch_stamp("0.0.1") == ""
 
 
 def test_memory_and_gpus_are_read_as_bytes():

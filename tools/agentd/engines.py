@@ -10,6 +10,7 @@ Every version lives in its own directory, <state_dir>/engines/NAME-VERSION/, and
 moved into place only when finished, so a half-done install never counts as installed.
 """
 
+import hashlib
 import os
 import re
 import shutil
@@ -37,6 +38,31 @@ _PERCENT = re.compile(rb"^\[ *(\d+)%\]")
 # the compiled graphs vLLM's pipeline parallelism uses on Ray). pip resolves a version
 # that the pinned vLLM accepts.
 RAY_REQUIREMENT = "ray[cgraph]"
+# Changes llmgw makes to a llama.cpp version's source before building it, one directory
+# per version (patches/llama.cpp-VERSION/*.patch, `patch -p1` from llama.cpp's root);
+# scripts/build-llama-server applies the same ones. A build records which in PATCHES.
+PATCHES = Path(__file__).resolve().parent / "patches"
+
+
+def llama_patches(version: str) -> list[Path]:
+    """The patches a build of llama.cpp `version` gets, in the order they apply."""
+    return sorted((PATCHES / f"{LLAMA}-{version}").glob("*.patch"))
+
+
+def patch_stamp(version: str) -> str:
+    """What a build of `version` with today's patches records in its PATCHES file:
+    `sha256sum *.patch`'s lines (the build script writes the same), or "" for none."""
+    return "".join(
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in llama_patches(version)
+    )
+
+
+def stamp_of(engine_dir: Path) -> str:
+    """The PATCHES a build in `engine_dir` (NAME-VERSION/) recorded; "" for none."""
+    try:
+        return (engine_dir / "PATCHES").read_text()
+    except FileNotFoundError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -266,11 +292,14 @@ class Installer:
         target = self._dir(LLAMA, version) / "bin" / "llama-server"
         target.parent.mkdir(parents=True, exist_ok=True)
         cached = self.cache / engine_id / "bin" / "llama-server"
-        if cached.exists():
+        stamp = patch_stamp(version)
+        # A cached build from before a patch (or with another one) is built again.
+        if cached.exists() and stamp_of(self.cache / engine_id) == stamp:
             _log.info("install_from_cache", engine=engine_id, source=cached)
             rpc = cached.with_name("rpc-server")
             if rpc.exists():  # before llama-server: its presence means installed
                 self._place(rpc, target.with_name("rpc-server"))
+            self._stamp(target.parent.parent, stamp)
             self._place(cached, target)
             return
         work = self.root / "build" / engine_id
@@ -290,6 +319,9 @@ class Installer:
         except (OSError, tarfile.TarError) as e:
             raise EngineError(f"{engine_id}: cannot unpack {sdist.name}: {e}") from None
         src = work / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+        for patch in llama_patches(version):
+            self._run(["patch", "-p1", "--batch", "--forward", "-d", str(src), "-i", str(patch)],
+                      log_file, f"patch {patch.name}", engine_id)  # fmt: skip
         # LLAMA_USE_PREBUILT_UI would download the web UI from the internet.
         self._run(["cmake", "-S", str(src), "-B", str(work / "build"),
                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON",
@@ -302,6 +334,7 @@ class Installer:
                    "ggml-rpc-server", f"-j{os.cpu_count() or 1}"],
                   log_file, "build", engine_id)  # fmt: skip
         self._place(work / "build" / "bin" / "ggml-rpc-server", target.with_name("rpc-server"))
+        self._stamp(target.parent.parent, stamp)
         self._place(work / "build" / "bin" / "llama-server", target)
         shutil.rmtree(work, ignore_errors=True)
 
@@ -322,6 +355,14 @@ class Installer:
             with self._lock:
                 self._place(cached, target)
         return target
+
+    @staticmethod
+    def _stamp(engine_dir: Path, stamp: str) -> None:
+        """Record the patches of the build placed in `engine_dir` (before llama-server:
+        its presence means installed)."""
+        tmp = engine_dir / "PATCHES.tmp"
+        tmp.write_text(stamp)
+        tmp.rename(engine_dir / "PATCHES")
 
     @staticmethod
     def _place(source: Path, target: Path) -> None:

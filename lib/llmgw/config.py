@@ -119,7 +119,7 @@ class RouterConfig:
     # is most likely cached, docs/architecture.md) or "round-robin".
     routing: str = "least-outstanding"
     # prefix: weight of tokens already in flight on a replica against uncached tokens.
-    prefix_alpha: float = 1.0
+    prefix_alpha: float = 0.3
     # prefix: memory for every replica's remembered prompt blocks together.
     prefix_memory_mb: int = 64
     # prefix: the longest a request waits for another request on the same replica to

@@ -1,9 +1,11 @@
 """End to end: the llama-server llmgw builds (tools/agentd/patches/) started as the agent
 starts it, and what its host-memory prompt cache does for two slots.
 
-Upstream llama-server moves a cached prompt into the slot that loads it: a second slot
-that needs the same prompt while the first is busy evaluates it all again. The patched
-engine copies it, so a system prompt shared by concurrent requests is evaluated once.
+Upstream llama-server puts a slot's prompt in its host-memory cache only when another
+prompt takes the slot, and moves it out into the slot that loads it: a second slot that
+needs the same prompt while the first is busy evaluates it all again. The patched engine
+saves a prompt it evaluated mostly from scratch at once, and copies a cached prompt into
+a slot, so a system prompt shared by concurrent requests is evaluated once.
 """
 
 import secrets
@@ -53,24 +55,44 @@ def complete(engine, prompt: str, **body) -> dict:
     return r.json()["timings"]
 
 
+def while_busy(engine, prompt: str, then) -> dict:
+    """Send `prompt` streamed, generating until closed; once it has started answering,
+    call `then()`, check the first is still generating, and return what `then` did."""
+    url, session, _ = engine
+    with session.post(f"{url}/completion", stream=True, timeout=120,
+                      json={"prompt": prompt, "n_predict": 1000, "ignore_eos": True,
+                            "stream": True}) as busy:  # fmt: skip
+        assert busy.status_code == 200
+        # Held while the test runs: a dropped iterator closes the stream, and the engine
+        # would free the slot.
+        events = (line for line in busy.iter_lines() if line.startswith(b"data: "))
+        assert b'"content"' in next(events)
+        out = then()
+        assert b'"stop":false' in next(events).replace(b" ", b""), "the first slot was done"
+    return out
+
+
+def mostly_cached(engine, timings: dict) -> None:
+    prompt_tokens = timings["cache_n"] + timings["prompt_n"]
+    assert timings["cache_n"] >= 0.9 * prompt_tokens, (timings, engine[2].log()[-3000:])
+
+
 def test_a_cached_prompt_serves_a_second_slot_while_the_first_is_busy(engine):
     alpha, bravo, charlie = rules("alpha"), rules("bravo"), rules("charlie")
     # Fill both slots, then push alpha out of its slot into the host cache.
     assert complete(engine, alpha)["cache_n"] == 0
     complete(engine, bravo)
     complete(engine, charlie)
-    url, session, proc = engine
-    # One slot loads alpha from the cache and stays busy: streaming, never done on its own.
-    with session.post(f"{url}/completion", stream=True, timeout=120,
-                      json={"prompt": alpha + " First question.", "n_predict": 1000,
-                            "ignore_eos": True, "stream": True}) as busy:  # fmt: skip
-        assert busy.status_code == 200
-        # Held while the test runs: a dropped iterator closes the stream, and the engine
-        # would free the slot.
-        events = (line for line in busy.iter_lines() if line.startswith(b"data: "))
-        assert b'"content"' in next(events)
-        # The other slot needs alpha too, while the first is still generating.
-        second = complete(engine, alpha + " Second question.")
-        assert b'"stop":false' in next(events).replace(b" ", b""), "the first slot was done"
-    prompt_tokens = second["cache_n"] + second["prompt_n"]
-    assert second["cache_n"] >= 0.9 * prompt_tokens, (second, proc.log()[-3000:])
+    # One slot loads alpha from the cache and stays busy; the other needs alpha too.
+    second = while_busy(engine, alpha + " First question.",
+                        lambda: complete(engine, alpha + " Second question."))  # fmt: skip
+    mostly_cached(engine, second)
+
+
+def test_a_prompt_just_evaluated_serves_a_second_slot_while_the_first_is_busy(engine):
+    # Nothing of delta anywhere: the first request evaluates it, and is still answering
+    # when the second, which shares it, arrives.
+    delta = rules("delta")
+    second = while_busy(engine, delta + " First question.",
+                        lambda: complete(engine, delta + " Second question."))  # fmt: skip
+    mostly_cached(engine, second)

@@ -199,7 +199,7 @@ class Outcome:
 class PrefixIndex:
     """Per replica, an LRU of the block hashes it was sent; the choice among replicas."""
 
-    alpha: float = 1.0  # weight of tokens already in flight against uncached tokens
+    alpha: float = 0.3  # weight of tokens already in flight against uncached tokens
     memory_bytes: int = 64 << 20  # ceiling over every replica's LRU together
     hold_s: float = 20.0  # the longest a request waits for another's prompt; 0: never
     block_chars: int = BLOCK_CHARS

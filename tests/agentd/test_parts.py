@@ -121,10 +121,11 @@ def test_a_cached_build_without_todays_patches_is_built_again(tmp_path, monkeypa
 
 def test_the_agent_and_the_build_script_record_the_same_patches():
     # scripts/build-llama-server writes `sha256sum *.patch`; the agent compares with this.
-    (first, *_) = llama_patches("0.3.36")  # the pinned version carries at least one
-    names = [p.name for p in llama_patches("0.3.36")]
-    listed = subprocess.run(["sha256sum", "--", *names], cwd=first.parent,
-                            capture_output=True, text=True, check=True)  # fmt: skip
+    patches = llama_patches("0.3.36")
+    assert patches, "the pinned version carries at least one"
+    listed = subprocess.run(["sha256sum", "--", *(p.name for p in patches)],
+                            cwd=patches[0].parent, capture_output=True, text=True,
+                            check=True)  # fmt: skip
     assert patch_stamp("0.3.36") == listed.stdout
     assert patch_stamp("0.0.1") == ""
 

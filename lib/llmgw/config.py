@@ -115,9 +115,9 @@ class RouterConfig:
     # Tokens reserved for a request that sets no max_tokens while a token limit or
     # budget applies to it; it is then sent to the engine as its max_tokens.
     default_max_tokens: int = 4096
-    # How a request's replica is chosen: "least-outstanding", "prefix" (where its prompt
-    # is most likely cached, docs/architecture.md) or "round-robin".
-    routing: str = "least-outstanding"
+    # How a request's replica is chosen: "prefix" (where its prompt is most likely
+    # cached, docs/architecture.md), "least-outstanding" or "round-robin".
+    routing: str = "prefix"
     # prefix: weight of tokens already in flight on a replica against uncached tokens.
     prefix_alpha: float = 0.3
     # prefix: memory for every replica's remembered prompt blocks together.

@@ -2,10 +2,13 @@
 starts it, and what its host-memory prompt cache does for two slots.
 
 Upstream llama-server puts a slot's prompt in its host-memory cache only when another
-prompt takes the slot, and moves it out into the slot that loads it: a second slot that
-needs the same prompt while the first is busy evaluates it all again. The patched engine
-saves a prompt it evaluated mostly from scratch at once, and copies a cached prompt into
-a slot, so a system prompt shared by concurrent requests is evaluated once.
+prompt takes the slot and keeps under half of it, and moves it out into the slot that
+loads it: a second slot that needs the same prompt while the first is busy evaluates it
+all again, and a conversation whose slot another one sharing its system prompt took
+evaluates its own tail again. The patched engine saves a prompt it evaluated mostly from
+scratch at once, copies a cached prompt into a slot, and saves a tail another prompt
+overwrites, so a system prompt shared by concurrent requests is evaluated once and a
+conversation's earlier turns once.
 """
 
 import secrets

@@ -209,6 +209,83 @@ def test_the_load_guard_waits_for_more_than_the_slots_of_a_replica():
     assert idx.choose([a, b], request_key(chat("q", "r", "t"))) is a
 
 
+def _busy_with(idx, ep, *payloads):
+    """`ep` has these requests of this router in flight, each sent where it matched."""
+    for payload in payloads:
+        key = request_key(payload)
+        idx.sent(ep.id, key, idx.match(ep.id, key))
+    ep.outstanding += len(payloads)
+
+
+TEAM_X, TEAM_Y = "Team x rules. " * 400, "Team y rules. " * 400  # ~1,400 tokens each
+
+
+def test_the_load_guard_keeps_a_request_where_its_prompt_is_when_several_fill_it():
+    """3 requests against 0, but of two prompts: moving the fourth would evaluate its
+    whole prompt again on b, and a's queue drains as those conversations end."""
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    holds(idx, "a", chat("q", system=TEAM_X))
+    holds(idx, "a", chat("q", system=TEAM_Y))
+    _busy_with(idx, a, chat("1", system=TEAM_X), chat("2", system=TEAM_X),
+               chat("3", system=TEAM_Y))  # fmt: skip
+    key = request_key(chat("4", system=TEAM_X))
+    assert idx.choose([a, b], key, slots_of=lambda ep: 2) is a
+    assert key.matched > 0
+
+
+def test_the_load_guard_moves_a_prompt_that_alone_fills_its_replica():
+    """One hot prompt: every request on a shares it, and the move puts it on b too."""
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    holds(idx, "a", chat("q", system=TEAM_X))
+    _busy_with(idx, a, *(chat(str(i), system=TEAM_X) for i in range(3)))
+    key = request_key(chat("4", system=TEAM_X))
+    assert idx.choose([a, b], key, slots_of=lambda ep: 2) is b
+    assert key.matched == 0
+    idx.served("b", key, 0, None)
+    # b holds it now: a later request of it goes wherever the load says.
+    assert idx.match("b", request_key(chat("5", system=TEAM_X))) > 0
+
+
+def test_the_load_guard_moves_a_request_freely_where_the_other_replica_holds_its_prompt():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    for rid in ("a", "b"):
+        holds(idx, rid, chat("q", system=TEAM_X))
+    holds(idx, "a", chat("q", system=TEAM_Y))
+    _busy_with(idx, a, chat("1", system=TEAM_X, max_tokens=1),
+               chat("2", system=TEAM_Y, max_tokens=1),
+               chat("3", system=TEAM_Y, max_tokens=1))  # fmt: skip
+    # a holds one turn more of this conversation than b, under HOLD_MIN_TOKENS to
+    # evaluate again: the cache favours a, the load guard moves it.
+    reply = "A reply of some length. " * 25
+    holds(idx, "a", chat("4", reply, system=TEAM_X))
+    key = request_key(chat("4", reply, "5", system=TEAM_X))
+    assert idx.match("a", key) > idx.match("b", key) > 0
+    assert idx.choose([a, b], key, slots_of=lambda ep: 2) is b
+
+
+def test_the_load_guard_counts_other_routers_requests_at_this_routers_share():
+    idx = PrefixIndex()
+    a, b = Ep("a"), Ep("b")
+    holds(idx, "a", chat("q", system=TEAM_X))
+    holds(idx, "a", chat("q", system=TEAM_Y))
+    _busy_with(idx, a, chat("1", system=TEAM_X))
+    key = request_key(chat("2", system=TEAM_X))
+    # a has 1 of this router's requests and 2 of others': 3 against 0. All it knows of
+    # them is its own, of this prompt: counted so, the prompt alone fills a.
+    others = {"a": 2, "b": 0}
+    assert idx.choose([a, b], key, slots_of=lambda ep: 2,
+                      others_of=lambda ep: others[ep.id]) is b  # fmt: skip
+    idx.served("b", key, 0, None)
+    _busy_with(idx, a, chat("3", system=TEAM_Y))  # now half of its own are of another
+    others = {"a": 2, "b": 0}  # 4 against 0, 2 of them this prompt's: not over 2
+    key = request_key(chat("4", system=TEAM_Y))
+    assert idx.choose([a, b], key, slots_of=lambda ep: 2,
+                      others_of=lambda ep: others[ep.id]) is a  # fmt: skip
+
+
 def test_requests_other_routers_have_in_flight_count_against_a_replica():
     idx = PrefixIndex()
     a, b = Ep("a"), Ep("b")

@@ -283,8 +283,9 @@ class PrefixIndex:
         the least outstanding. Every candidate but the prompt's rendezvous-hash first
         choice (and the session's) pays one block more, so between near equals routers
         that never saw each other's traffic choose alike. A load guard overrides the
-        cache when one replica has piled up far more requests than another. Records the
-        choice (see `sent`).
+        cache when one replica has piled up far more requests than another, and where
+        the move would cost the prompt, requests sharing it alone did (`_may_move`).
+        Records the choice (see `sent`).
 
         `others_of(ep)`: requests other routers have in flight there, as far as the
         engine said lately (probe.py). Each counts as this router's average request in
@@ -329,14 +330,19 @@ class PrefixIndex:
         least = min(candidates, key=lambda ep: busy[ep.id])
         most = max(busy.values())
         slots = max((slots_of(ep) for ep in candidates), default=0)
+        limit = max(2, slots)
         if (
-            most - busy[least.id] > max(2, slots)
+            most - busy[least.id] > limit
             and most > 1.5 * busy[least.id]
             and busy[best.id] > busy[least.id]
         ):
-            best, matched = least, self.match(least.id, key)
-            if seen is not None:
-                seen.append("load-guard")
+            if self._may_move(best.id, key, matched, self.match(least.id, key), per_block,
+                              busy[best.id], busy[least.id] + limit):  # fmt: skip
+                best, matched = least, self.match(least.id, key)
+                if seen is not None:
+                    seen.append("load-guard")
+            elif seen is not None:
+                seen.append("load-guard-stays")
         if self.hold_s > 0:
             key.holder = self._holder(best.id, key, matched, per_block)
         if seen is not None and key.holder is not None:
@@ -353,6 +359,25 @@ class PrefixIndex:
             )
         self.sent(best.id, key, matched)
         return best
+
+    def _may_move(self, rid: str, key: Key, matched: int, there: int, per_block: float,
+                  busy: int, limit: float) -> bool:  # fmt: skip
+        """Whether the load guard may take `key` off replica `rid`, which holds its first
+        `matched` blocks, to one that holds `there` of them. Yes when that costs fewer
+        than HOLD_MIN_TOKENS evaluated again. Else only when the requests in flight on
+        `rid` that share what the other lacks are themselves more than `limit`: one hot
+        prompt fills `rid`, and the move puts it on the other replica for good. Not when
+        `rid` is busy with several prompts: their queue drains by itself as their
+        conversations end, and a move would evaluate a whole prompt again (two of the
+        six colds a run in bench/ROUTING-RUNS.md, run 42). This router's own requests
+        there tell the share; other routers' are counted at that share."""
+        if (matched - there) * per_block < HOLD_MIN_TOKENS:
+            return True
+        r = self._replicas.get(rid)
+        if r is None or not r.requests:
+            return True  # none of its own there: nothing tells the prompts apart
+        sharing = r.using.get(key.blocks[there], 0)
+        return sharing * busy / r.requests > limit
 
     def _holder(self, rid: str, key: Key, matched: int, per_block: float) -> Key | None:
         """The request in flight on `rid` that added the most of `key`'s first

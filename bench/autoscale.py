@@ -174,7 +174,9 @@ def main() -> None:
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.python_implementation()} "
         f"{platform.python_version()}, {os.cpu_count()} CPUs, `bench/autoscale.py`: the"
         " real scheduler, two agents and a router on loopback, the fake engine at 200 ms an"
-        " answer with 2 slots; phases 20 s at 1 client, 120 s at 8, 100 s at 1; up_after_s 5,"
+        " answer with 2 slots; phases (clients) "
+        + ", ".join(f"{seconds:g} s at {n}" for seconds, n in PHASES)
+        + "; up_after_s 5,"
         " down_after_s 20, cooldown_s 15, target_queue_wait_s 0.5.",
         "",
         "| what | figure |",

@@ -10,7 +10,6 @@ Every version lives in its own directory, <state_dir>/engines/NAME-VERSION/, and
 moved into place only when finished, so a half-done install never counts as installed.
 """
 
-import hashlib
 import os
 import re
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from llmgw import log
 from llmgw.config import AgentConfig, EngineConfig
+from llmgw.files import sha256_of
 from llmgw_agentd.errors import EngineError
 from llmgw_agentd.workers import leader_args
 
@@ -52,9 +52,7 @@ def llama_patches(version: str) -> list[Path]:
 def patch_stamp(version: str) -> str:
     """What a build of `version` with today's patches records in its PATCHES file:
     `sha256sum *.patch`'s lines (the build script writes the same), or "" for none."""
-    return "".join(
-        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in llama_patches(version)
-    )
+    return "".join(f"{sha256_of(p)}  {p.name}\n" for p in llama_patches(version))
 
 
 def stamp_of(engine_dir: Path) -> str:

@@ -336,9 +336,10 @@ class PrefixIndex:
             and most > 1.5 * busy[least.id]
             and busy[best.id] > busy[least.id]
         ):
-            if self._may_move(best.id, key, matched, self.match(least.id, key), per_block,
-                              busy[best.id], busy[least.id] + limit):  # fmt: skip
-                best, matched = least, self.match(least.id, key)
+            there = self.match(least.id, key)
+            if self._may_move(best.id, key, matched, there, per_block, busy[best.id],
+                              busy[least.id] + limit):  # fmt: skip
+                best, matched = least, there
                 if seen is not None:
                     seen.append("load-guard")
             elif seen is not None:

@@ -1,10 +1,13 @@
 """A fake engine that speaks enough of the OpenAI API to test the router against.
 
 Run it as `python tests/fake_engine.py --port N [--key K | --key-file PATH]`. It answers
-chat, completions, embeddings and reranking, streams SSE the way llama-server does, and can be told
+chat, completions, embeddings and reranking (with `native`, Messages and Responses too),
+streams SSE the way llama-server does (or framed with CRLF or CR), and can be told
 how to misbehave with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S,
-"first_delay_s": S, "n_slots": N, "extra_busy": N, "cache": "on"|"off"}` (`GET /slots` shows
-`n_slots` slots, 64 unless told, busy with its own requests and `extra_busy` more).
+"first_delay_s": S, "n_slots": N, "extra_busy": N, "cache": "on"|"off", "pieces": [TEXT…],
+"framing": "lf"|"crlf"|"cr", "native": BOOL}` (`GET /slots` shows `n_slots` slots, 64
+unless told, busy with its own requests and `extra_busy` more; `pieces` is the answer,
+one streamed chunk a piece, and its completion tokens).
 
 With `cache` set, it counts a prompt's tokens as its characters / 4 and keeps the
 `n_slots` (at most 4) latest prompts the way llama-server keeps one per slot: "on" says
@@ -34,6 +37,7 @@ import asyncio
 import json
 import os
 import time
+import uuid
 
 from aiohttp import web
 
@@ -58,6 +62,9 @@ class Engine:
         self.n_slots = 64
         self.extra_busy = 0
         self.cache = None  # None: say nothing about caching; "on" or "off"
+        self.pieces = None  # the answer's pieces of text (None: `chunks` of WORDS)
+        self.framing = "lf"  # the streams' line ends: "lf", "crlf" or "cr"
+        self.native = False  # serve /v1/messages and /v1/responses itself
         self.prompts: list[str] = []  # the latest prompts, as slots keep them
         self.released = asyncio.Event()
         self.requests = 0
@@ -84,7 +91,10 @@ class Engine:
         return app
 
     async def unknown(self, request):
-        """A path it does not serve (/v1/messages, /v1/responses): 404, and noted."""
+        """A path it does not serve (/v1/messages, /v1/responses unless `native`): 404,
+        and noted."""
+        if self.native and request.method == "POST" and request.path in NATIVE:
+            return await self.generate(request)
         self.unknown_paths.append(request.path)
         return web.json_response({"error": {"message": "File Not Found"}}, status=404)
 
@@ -94,7 +104,7 @@ class Engine:
     async def control(self, request):
         body = await request.json()
         for field in ("mode", "chunks", "delay_s", "first_delay_s", "drop_after", "n_slots",
-                      "extra_busy", "cache"):  # fmt: skip
+                      "extra_busy", "cache", "pieces", "framing", "native"):  # fmt: skip
             if field in body:
                 setattr(self, field, body[field])
         if body.get("release"):
@@ -129,9 +139,10 @@ class Engine:
 
     def _usage(self, body: dict) -> dict:
         """Usage (and llama-server's timings) for a request, with its prompt cache."""
+        n = len(self._pieces())
         if self.cache is None:
-            return {"usage": {"prompt_tokens": 7, "completion_tokens": self.chunks,
-                              "total_tokens": 7 + self.chunks}}  # fmt: skip
+            return {"usage": {"prompt_tokens": 7, "completion_tokens": n,
+                              "total_tokens": 7 + n}}  # fmt: skip
         if isinstance(body.get("messages"), list):
             text = "".join(f"<{m.get('role')}>{m.get('content')}" for m in body["messages"])
         else:
@@ -143,8 +154,8 @@ class Engine:
         return {
             "usage": {
                 "prompt_tokens": prompt,
-                "completion_tokens": self.chunks,
-                "total_tokens": prompt + self.chunks,
+                "completion_tokens": n,
+                "total_tokens": prompt + n,
                 "prompt_tokens_details": {"cached_tokens": cached},
             },
             "timings": {"cache_n": cached, "prompt_n": prompt - cached},
@@ -216,16 +227,19 @@ class Engine:
         if self.mode == "busy":
             return web.json_response({"error": {"message": "Loading model"}}, status=503)
         chat = request.path.endswith("chat/completions")
+        api = NATIVE.get(request.path)
         self.active += 1
         self.peak_active = max(self.peak_active, self.active)
         try:
             if self.mode == "stall":
                 await asyncio.sleep(3600)
             if body.get("stream"):
-                return await self._stream(request, body, chat)
+                return await self._stream(request, body, chat, api)
             await asyncio.sleep(self.first_delay_s)
             usage = self._usage(body)
-            text = "".join(WORDS[i % len(WORDS)] for i in range(self.chunks))
+            text = "".join(self._pieces())
+            if api is not None:
+                return web.json_response(api.whole(self.model, text, usage["usage"]))
             choice = (
                 {
                     "index": 0,
@@ -251,40 +265,181 @@ class Engine:
         finally:
             self.active -= 1
 
-    async def _stream(self, request, body, chat):
+    def _pieces(self) -> list[str]:
+        if self.pieces is not None:
+            return self.pieces
+        return [WORDS[i % len(WORDS)] for i in range(self.chunks)]
+
+    def _frame(self, event: bytes) -> bytes:
+        """An event as written with LF line ends, in this engine's framing."""
+        return event.replace(b"\n", LINE_ENDS[self.framing])
+
+    async def _stream(self, request, body, chat, api):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await asyncio.sleep(self.first_delay_s)
         obj = "chat.completion.chunk" if chat else "text_completion"
-        for i in range(self.chunks):
+        usage = self._usage(body)["usage"]
+        pieces = self._pieces()
+        if api is not None:
+            await resp.write(self._frame(api.head(self.model, usage)))
+        for i, word in enumerate(pieces):
             if self.mode == "drop" and i == self.drop_after:
                 request.transport.close()
                 return resp
             if self.mode == "hold" and i == self.drop_after:
                 await self.released.wait()
-            word = WORDS[i % len(WORDS)]
-            choice = (
-                {"index": 0, "delta": {"content": word}, "finish_reason": None}
-                if chat
-                else {"index": 0, "text": word, "finish_reason": None}
-            )
-            chunk = {"id": "fake-1", "object": obj, "model": self.model, "choices": [choice]}
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if api is not None:
+                event = api.delta(word)
+            else:
+                choice = (
+                    {"index": 0, "delta": {"content": word}, "finish_reason": None}
+                    if chat
+                    else {"index": 0, "text": word, "finish_reason": None}
+                )
+                chunk = {"id": "fake-1", "object": obj, "model": self.model, "choices": [choice]}
+                event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            await resp.write(self._frame(event))
             self.streamed_chunks += 1
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
-        if (body.get("stream_options") or {}).get("include_usage"):
-            usage = {
-                "id": "fake-1",
-                "object": obj,
-                "model": self.model,
-                "choices": [],
-                **self._usage(body),
-            }
-            await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
+        if api is not None:
+            await resp.write(self._frame(api.tail(self.model, "".join(pieces), usage)))
+        else:
+            if (body.get("stream_options") or {}).get("include_usage"):
+                chunk = {"id": "fake-1", "object": obj, "model": self.model, "choices": []}
+                chunk["usage"] = usage
+                await resp.write(self._frame(b"data: " + json.dumps(chunk).encode() + b"\n\n"))
+            await resp.write(self._frame(b"data: [DONE]\n\n"))
         await resp.write_eof()
         return resp
+
+
+LINE_ENDS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+
+
+def sse(name: str, data: dict) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + json.dumps(data).encode() + b"\n\n"
+
+
+class Messages:
+    """Anthropic's Messages API, as llama-server serves it natively."""
+
+    @staticmethod
+    def message(model, content, usage) -> dict:
+        return {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": usage,
+        }
+
+    @staticmethod
+    def whole(model, text, usage) -> dict:
+        usage = {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+        }
+        return Messages.message(model, [{"type": "text", "text": text}], usage)
+
+    @staticmethod
+    def head(model, usage) -> bytes:
+        start = Messages.message(
+            model, [], {"input_tokens": usage["prompt_tokens"], "output_tokens": 1}
+        )
+        block = {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "text", "text": ""},
+        }
+        return sse("message_start", {"type": "message_start", "message": start}) + sse(
+            "content_block_start", block
+        )
+
+    @staticmethod
+    def delta(text) -> bytes:
+        delta = {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": text},
+        }
+        return sse("content_block_delta", delta)
+
+    @staticmethod
+    def tail(model, text, usage) -> bytes:
+        end = {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": usage["completion_tokens"]},
+        }
+        return (
+            sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            + sse("message_delta", end)
+            + sse("message_stop", {"type": "message_stop"})
+        )
+
+
+class Responses:
+    """The Responses API, as llama-server serves it natively."""
+
+    @staticmethod
+    def whole(model, text, usage) -> dict:
+        item = {
+            "type": "message",
+            "id": "msg_fake",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+        usage = {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+        }
+        return {
+            "id": f"resp_{uuid.uuid4().hex}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": model,
+            "output": [item],
+            "usage": usage,
+        }
+
+    @staticmethod
+    def head(model, usage) -> bytes:
+        resp = {
+            "id": "resp_fake",
+            "object": "response",
+            "status": "in_progress",
+            "model": model,
+            "output": [],
+            "usage": None,
+        }
+        return sse("response.created", {"type": "response.created", "response": resp})
+
+    @staticmethod
+    def delta(text) -> bytes:
+        delta = {
+            "type": "response.output_text.delta",
+            "item_id": "msg_fake",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": text,
+        }
+        return sse("response.output_text.delta", delta)
+
+    @staticmethod
+    def tail(model, text, usage) -> bytes:
+        done = {"type": "response.completed", "response": Responses.whole(model, text, usage)}
+        return sse("response.completed", done)
+
+
+NATIVE = {"/v1/messages": Messages, "/v1/responses": Responses}
 
 
 def main():

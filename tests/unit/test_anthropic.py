@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_router import anthropic
+from llmgw_router import anthropic, sse
 from llmgw_router.errors import Untranslatable
 
 STREAMS = Path(__file__).parent.parent / "fixtures" / "chat_streams"
@@ -172,7 +172,8 @@ def test_a_chat_stream_becomes_the_full_messages_event_sequence():
     stream = anthropic.Stream("m")
     # Fed as the router reads it: whole events, in batches that cut anywhere between them.
     parts = data.split(b"\n\n")
-    out = stream.feed(b"\n\n".join(parts[:2]) + b"\n\n") + stream.feed(b"\n\n".join(parts[2:]))
+    out = stream.feed(sse.split(b"\n\n".join(parts[:2]) + b"\n\n"))
+    out += stream.feed(sse.split(b"\n\n".join(parts[2:])))
     got = events(out)
     assert [k for k, _ in got] == [
         "message_start",
@@ -192,7 +193,7 @@ def test_a_chat_stream_becomes_the_full_messages_event_sequence():
 
 
 def test_a_streamed_tool_call_becomes_a_tool_use_block_with_its_json_in_pieces():
-    got = events(anthropic.Stream("m").feed((STREAMS / "tool_call.sse").read_bytes()))
+    got = events(anthropic.Stream("m").feed(sse.split((STREAMS / "tool_call.sse").read_bytes())))
     starts = [d["content_block"] for k, d in got if k == "content_block_start"]
     assert starts == [
         {"type": "text", "text": ""},

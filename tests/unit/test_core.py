@@ -17,8 +17,9 @@ from llmgw_router.exchange import Answer
 from llmgw_router.keycache import KeyCache
 from llmgw_router.limits import Limiter
 from llmgw_router.policy import Policies, State
-from llmgw_router.proxy import CHAT, Proxy
+from llmgw_router.proxy import Proxy
 from llmgw_router.quota import Quota
+from llmgw_router.routes import CHAT
 from llmgw_router.routing import Endpoint, RoutingTable
 from llmgw_router.upstream import UpstreamError
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_router import responses
+from llmgw_router import responses, sse
 from llmgw_router.errors import Untranslatable
 
 STREAMS = Path(__file__).parent.parent / "fixtures" / "chat_streams"
@@ -114,7 +114,9 @@ def test_an_answer_cut_at_max_output_tokens_is_incomplete():
 
 
 def test_a_chat_stream_becomes_the_responses_event_sequence():
-    got = events(responses.Stream({"input": "x"}, "m").feed((STREAMS / "text.sse").read_bytes()))
+    got = events(
+        responses.Stream({"input": "x"}, "m").feed(sse.split((STREAMS / "text.sse").read_bytes()))
+    )
     assert [e["type"] for e in got] == [
         "response.created", "response.in_progress", "response.output_item.added",
         "response.content_part.added", "response.output_text.delta",
@@ -130,7 +132,7 @@ def test_a_chat_stream_becomes_the_responses_event_sequence():
 
 def test_a_streamed_tool_call_becomes_a_function_call_item_with_its_arguments():
     stream = responses.Stream({"input": "x"}, "m")
-    got = events(stream.feed((STREAMS / "tool_call.sse").read_bytes()))
+    got = events(stream.feed(sse.split((STREAMS / "tool_call.sse").read_bytes())))
     pieces = [e["delta"] for e in got if e["type"] == "response.function_call_arguments.delta"]
     assert json.loads("".join(pieces)) == {"city": "Oslo"}
     done = got[-1]["response"]

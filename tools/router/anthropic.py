@@ -7,8 +7,8 @@ for it would otherwise get an answer to a different question.
 
 import json
 
+from llmgw_router import sse
 from llmgw_router.errors import Untranslatable
-from llmgw_router.sse import chat_chunks
 
 # A cache hint: the engine's own prompt cache does what it asks, so it changes nothing.
 _IGNORED_BLOCK_KEYS = frozenset(("cache_control",))
@@ -246,7 +246,7 @@ def _arguments(text) -> dict:
 
 
 def _event(kind: str, data: dict) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + json.dumps(data).encode() + b"\n\n"
+    return sse.json_event(data, kind)
 
 
 class Stream:
@@ -261,10 +261,10 @@ class Stream:
         self.usage = {"input_tokens": 0, "output_tokens": 0}
         self.ended = False
 
-    def feed(self, block: bytes) -> bytes:
-        """SSE events of a chat stream (whole events) → SSE events of a Messages stream."""
+    def feed(self, events: list[bytes]) -> bytes:
+        """Events of a chat stream (sse.Framer's) → SSE events of a Messages stream."""
         return b"".join(
-            self.end() if chunk is None else self.chunk(chunk) for chunk in chat_chunks(block)
+            self.end() if chunk is None else self.chunk(chunk) for chunk in sse.chat_chunks(events)
         )
 
     def chunk(self, chunk: dict) -> bytes:

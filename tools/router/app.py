@@ -17,16 +17,9 @@ from llmgw_router.keycache import KeyCache
 from llmgw_router.leases import Leaser
 from llmgw_router.limits import Limiter
 from llmgw_router.policy import Policies
-from llmgw_router.proxy import (
-    CHAT,
-    COMPLETIONS,
-    EMBEDDINGS,
-    RERANK,
-    RERANKING,
-    Proxy,
-    request_id,
-)
+from llmgw_router.proxy import Proxy, request_id
 from llmgw_router.quota import Quota
+from llmgw_router.routes import CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RERANKING
 from llmgw_router.routing import RoutingTable
 from llmgw_router.upstream import Pool
 from llmgw_router.usage import UsageWriter

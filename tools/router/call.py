@@ -6,16 +6,16 @@ fallbacks); a Call does the talking to engines, and leaves accounting to the Pro
 """
 
 import asyncio
-import functools
 import json
 import time
 
 from llmgw import log
-from llmgw_router import metrics, prefix
+from llmgw_router import metrics, prefix, sse
 from llmgw_router.errors import ApiError, Untranslatable, api_error
-from llmgw_router.exchange import Answer, Stream, loads
-from llmgw_router.prefix import cached_tokens, decode_weight
+from llmgw_router.exchange import Answer, Stream
+from llmgw_router.meter import Meter, NativeStream, OpenAIStream
 from llmgw_router.routing import Endpoint
+from llmgw_router.splice import model_field, set_model
 from llmgw_router.upstream import Response, UpstreamError
 
 _log = log.get("llmgw.router")
@@ -26,208 +26,10 @@ CLIENT_CLOSED = 499
 # Engine answers that mean "try another one": it is down, overloaded or still loading.
 _RETRY_STATUSES = frozenset((502, 503, 504))
 
-_DONE = b"data: [DONE]"
-_MODEL_KEY = b'"model"'
 
 # An engine's answer on a path it does not serve at all (rather than a bad request).
 _NO_SUCH_PATH = frozenset((404, 405, 501))
 _CHAT_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\n"
-
-
-@functools.lru_cache(maxsize=1024)
-def model_field(name: str) -> bytes:
-    """The `"model":"NAME"` an answer should carry, as bytes to splice in."""
-    return b'"model":' + json.dumps(name).encode()
-
-
-def set_model(data: bytes, field: bytes) -> bytes:
-    """Every `"model": "..."` member of the JSON in `data` (one answer, or a block of SSE
-    events) set to `field` (from model_field), without parsing or re-serialising.
-
-    Sound on valid JSON: a `"` that no backslash escapes always opens or closes a
-    string, and a string followed by `:` is a member's name, so an unescaped
-    `"model"` then `:` is that member and never text inside a string (where its quotes
-    would be escaped). Only string values are replaced; a member already holding the
-    name is left alone, so an engine started with the served name as its alias costs a
-    search and a comparison.
-
-    The usual block is one engine's events, every member naming the model alike: when
-    each `"model"` in it is where `field` (or the engine's one name for it) begins, it
-    is one bytes.replace (or nothing), done in C. A quote before `model` that a
-    backslash escapes could begin a name that only ends in `model`; such a block takes
-    the careful way.
-    """
-    n = data.count(_MODEL_KEY)
-    if n == 0 or n == data.count(field):
-        return data
-    if _ESCAPED_MODEL_KEY not in data:
-        i = data.find(_MODEL_KEY)
-        end = _member_end(data, i)
-        if end > 0:
-            engines = data[i:end]
-            if data.count(engines) == n:
-                return data.replace(engines, field)
-    return _set_model_each(data, field)
-
-
-_ESCAPED_MODEL_KEY = b'\\"model"'
-
-
-def _member_end(data: bytes, i: int) -> int:
-    """Just past the string value of the `"model"` member whose name's quote is at `i`
-    (-1: it is not a member with a string value, or the bytes are not JSON)."""
-    if not _unescaped(data, i):
-        return -1
-    n = len(data)
-    j = i + len(_MODEL_KEY)
-    while j < n and data[j] in b" \t\r\n":
-        j += 1
-    if j >= n or data[j] != 0x3A:  # ':'
-        return -1
-    j += 1
-    while j < n and data[j] in b" \t\r\n":
-        j += 1
-    if j >= n or data[j] != 0x22:  # '"'
-        return -1
-    return _string_end(data, j)
-
-
-def _set_model_each(data: bytes, field: bytes) -> bytes:
-    """set_model, one member at a time."""
-    out = None
-    pos = pos_done = 0
-    n = len(data)
-    while (i := data.find(_MODEL_KEY, pos)) >= 0:
-        pos = i + len(_MODEL_KEY)
-        b = i - 1
-        while b >= 0 and data[b] == 0x5C:  # backslashes before the quote
-            b -= 1
-        if (i - 1 - b) % 2:
-            continue  # an escaped quote: text inside a string
-        j = pos
-        while j < n and data[j] in b" \t\r\n":
-            j += 1
-        if j >= n or data[j] != 0x3A:  # ':'
-            continue  # the string "model" as a value, not a member's name
-        j += 1
-        while j < n and data[j] in b" \t\r\n":
-            j += 1
-        if j >= n or data[j] != 0x22:  # '"': only string values are replaced
-            continue
-        end = j + 1
-        while True:
-            end = data.find(b'"', end)
-            if end < 0:  # not JSON after all: leave the rest as it came
-                return data if out is None else b"".join(out) + data[pos_done:]
-            k = end - 1
-            while data[k] == 0x5C:
-                k -= 1
-            if (end - 1 - k) % 2 == 0:
-                break
-            end += 1
-        end += 1  # past the closing quote
-        if data[i:end] == field:
-            pos = end
-            continue
-        if out is None:
-            out = []
-        out.append(data[pos_done:i])
-        out.append(field)
-        pos_done = pos = end
-    return data if out is None else b"".join(out) + data[pos_done:]
-
-
-_USAGE_KEY = b'"usage"'
-_WS = b" \t\r\n"
-
-
-def _unescaped(data: bytes, quote: int) -> bool:
-    """The `"` at `quote` is not escaped by a backslash."""
-    b = quote - 1
-    while b >= 0 and data[b] == 0x5C:
-        b -= 1
-    return (quote - 1 - b) % 2 == 0
-
-
-def _string_end(data: bytes, start: int) -> int:
-    """Just past the string whose opening quote is at `start` (-1: it does not end)."""
-    end = start + 1
-    while (end := data.find(b'"', end)) >= 0:
-        if _unescaped(data, end):
-            return end + 1
-        end += 1
-    return -1
-
-
-def _object_end(data: bytes, start: int) -> int:
-    """Just past the JSON object whose `{` is at `start`, braces in strings skipped
-    (-1: it does not end)."""
-    depth, i, n = 0, start, len(data)
-    while i < n:
-        c = data[i]
-        if c == 0x22:
-            i = _string_end(data, i)
-            if i < 0:
-                return -1
-            continue
-        if c == 0x7B:
-            depth += 1
-        elif c == 0x7D:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return -1
-
-
-def without_usage(event: bytes) -> bytes | None:
-    """`event` (one `data: {...}` SSE event whose top-level `usage` is an object) with
-    that member cut out of the bytes; None where that cannot be told from the bytes
-    alone (the caller then parses and re-serialises).
-
-    Sound on valid JSON, by set_model's argument: an unescaped `"usage"` followed by `:`
-    is a member's name, never text in a string. The caller knows (it parsed the event)
-    that the top level has one holding an object, so if the bytes hold exactly one such
-    name, it is that member, and its value runs from its `{` to the matching `}`. Cutting
-    the name, the value and one comma beside them leaves the same object without
-    `usage`, each other member's bytes as the engine wrote them: what json.dumps would
-    write for it whenever the engine writes compact JSON, as engines do (the unit test
-    checks this over the captured streams)."""
-    found = -1
-    pos = 0
-    while (i := event.find(_USAGE_KEY, pos)) >= 0:
-        pos = i + len(_USAGE_KEY)
-        if not _unescaped(event, i):
-            continue
-        j = pos
-        while j < len(event) and event[j] in _WS:
-            j += 1
-        if j >= len(event) or event[j] != 0x3A:
-            continue  # "usage" as a value
-        if found >= 0:
-            return None  # a second member named usage, at some depth: cannot tell which
-        found = i
-        value = j + 1
-    if found < 0:
-        return None
-    while value < len(event) and event[value] in _WS:
-        value += 1
-    if value >= len(event) or event[value] != 0x7B:
-        return None
-    end = _object_end(event, value)
-    if end < 0:
-        return None
-    after = end
-    while after < len(event) and event[after] in _WS:
-        after += 1
-    if after < len(event) and event[after] == 0x2C:  # a member follows: take its comma
-        return event[:found] + event[after + 1 :].lstrip(_WS)
-    before = found - 1
-    while before >= 0 and event[before] in _WS:
-        before -= 1
-    if before >= 0 and event[before] == 0x2C:  # the last member: take the comma before
-        return event[:before] + event[end:]
-    return None  # the only member: not a chunk worth keeping as it is
 
 
 class Upstreams:
@@ -257,10 +59,9 @@ class Call:
 
     __slots__ = (
         "up", "request", "route", "rid", "model", "stream", "client_usage", "headers",
-        "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
-        "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
-        "before_done", "_broke", "field", "translator", "translating", "affinity", "cached",
-        "decode_weight", "_tail", "_ended", "_end",
+        "t0", "t_first", "status", "endpoint", "meter", "overhead", "resp", "_keepalive",
+        "_keepalive_task", "_waiting_first", "before_done", "_broke", "field", "translator",
+        "translating", "affinity", "_framer", "_reader",
     )  # fmt: skip
 
     def __init__(self, up: Upstreams, request, route, rid, model, stream, client_usage, t0,
@@ -280,9 +81,7 @@ class Call:
         self.t_first = None
         self.status = CLIENT_CLOSED  # until we know better
         self.endpoint: Endpoint | None = None
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.events = 0  # streamed content events, the fallback token count
+        self.meter = Meter()  # what the engine said this attempt cost (meter.py)
         self.overhead = 0.0
         self.resp: Stream | None = None  # set once headers went to the client
         self._keepalive = None
@@ -297,8 +96,8 @@ class Call:
         self.translating = False
         self.translator = None  # the request as chat, and chat's answers back (dialects.py)
         self.affinity = None  # the prompt's prefix key, when routing by prefix (prefix.py)
-        self.cached = None  # prompt tokens the engine said it reused from its cache
-        self.decode_weight = None  # what its timings say a decoded token costs (prefix.py)
+        self._framer = None  # a stream's events as they come (sse.py)
+        self._reader = None  # its API's reader: usage, content events, its end (meter.py)
 
     # -- the attempt loop ------------------------------------------------------------
 
@@ -306,6 +105,7 @@ class Call:
         up, table = self.up, self.up.table
         tried: list[Endpoint] = []
         last_reason = "no endpoint is available"
+        self.meter.weigh = self.affinity is not None
         if self.stream:
             self._waiting_first = True
             self._arm_keepalive()
@@ -364,12 +164,12 @@ class Call:
                         return resp
                     # It broke before anything reached the client: another may answer.
                     last_reason = self._broke
-                    self.prompt_tokens = self.completion_tokens = self.events = 0
+                    self.meter.reset()
                     continue
                 finally:
                     ep.outstanding -= 1
                     self._routed(ep)
-                    self.cached = self.decode_weight = None
+                    self.meter.cached = self.meter.decode_weight = None
                     ep.last_used = time.monotonic()
                     upstream.release()
             if self._keepalive_task is not None:
@@ -394,9 +194,13 @@ class Call:
         """Tell the prefix index the attempt on `ep` ended, and what the engine cached."""
         if self.affinity is not None:
             out = self.up.table.served(
-                ep, self.affinity, self.prompt_tokens, self.cached, self.decode_weight
+                ep,
+                self.affinity,
+                self.meter.prompt_tokens,
+                self.meter.cached,
+                self.meter.decode_weight,
             )
-            metrics.prefix_observed(self.model, out, self.prompt_tokens)
+            metrics.prefix_observed(self.model, out, self.meter.prompt_tokens)
 
     def _translate(self, ep: Endpoint, body: bytes) -> tuple[bytes, bytes]:
         """(request line, body) for this endpoint: as asked, or translated to chat for an
@@ -503,7 +307,7 @@ class Call:
         t = time.perf_counter()
         self.status = upstream.status
         if upstream.status == 200:
-            self._take_usage(data)
+            self.meter.whole(data)
             if self.translating:
                 data = self.translator.whole(data)
             else:
@@ -524,10 +328,8 @@ class Call:
 
     async def _relay_stream(self, upstream: Response) -> Answer | Stream | None:
         self.status = 200
-        self._tail = b""
-        self._ended = False
-        # A chat stream ends with [DONE]; another API's own stream with its own event.
-        self._end = _DONE if self.translating or self.route.dialect is None else self.route.done
+        self._framer = sse.Framer()
+        self._reader = self._stream_reader()
         key = self.affinity
         try:
             while (chunk := await upstream.next()) is not None:
@@ -538,17 +340,16 @@ class Call:
                     await self._write(out)
                 if self.resp is not None and not self._waiting_first:
                     await self._push(upstream)
-            tail = self._tail.strip()
-            if tail:
-                if tail.startswith(self._end):
-                    self._done()
-                    self._ended = True
-                await self._write(self._final(self._shape(self._tail)))
+            out = self._relay_piece(b"", end=True)
+            if out:
+                await self._write(out)
         except UpstreamError as e:
             return await self._engine_broke(e)
-        if not self._ended:
+        if not self.meter.ended:
+            # An event cut off before its blank line is no event (as the standard says):
+            # only a whole end event makes a stream complete.
             reason = self._upstream_failed(
-                self.endpoint, "stream ended without [DONE]", kind="stream_interrupted"
+                self.endpoint, "stream ended without its end event", kind="stream_interrupted"
             )
             if self.resp is None:
                 self._broke = reason
@@ -559,28 +360,35 @@ class Call:
         await self.resp.write_eof()
         return self.resp
 
-    def _relay_piece(self, chunk: bytes) -> bytes:
-        """A piece of the engine's stream in; the whole events it completes out, as the
-        client is to read them (the rest waits in _tail for the next piece)."""
+    def _stream_reader(self):
+        """The reader of this attempt's stream: an OpenAI stream (chat, completions, or
+        the chat stream a translation reads), or another API's own."""
+        route = self.route
+        if route.dialect is None or self.translating:
+            return OpenAIStream(self.meter, self.client_usage or self.translating)
+        return NativeStream(self.meter, route.ends, route.content)
+
+    def _relay_piece(self, chunk: bytes, end: bool = False) -> bytes:
+        """A piece of the engine's stream in (`end`: the stream's end); the whole events
+        it completes out, as the client is to read them (the rest waits in the framer
+        for the next piece)."""
         t = time.perf_counter()
-        buf = self._tail + chunk if self._tail else chunk
-        cut = buf.rfind(b"\n\n")
-        if cut < 0:
-            self._tail = buf
+        events = self._framer.close() if end else self._framer.feed(chunk)
+        if not events:
             return b""
-        out, self._tail = self._filter_events(buf[: cut + 2]), buf[cut + 2 :]
-        if self.t_first is None and self.events:
+        meter = self.meter
+        ended = meter.ended
+        events = self._reader.read(events)
+        if self.t_first is None and meter.events:
             self.t_first = t
             self._stop_keepalive()
-        last = self._end in out
-        if last or self._tail.startswith(self._end):
-            self._ended = True
-        if out:
-            if last:
+        out = b""
+        if events:
+            if meter.ended and not ended:
                 self._done()
-                out = self._final(self._shape(out))
+                out = self._final(self._shape(events))
             else:
-                out = self._shape(out)
+                out = self._shape(events)
         self.overhead += time.perf_counter() - t
         return out
 
@@ -612,11 +420,11 @@ class Call:
             raise failed[0]
         await resp.drain()
 
-    def _shape(self, events: bytes) -> bytes:
+    def _shape(self, events: list[bytes]) -> bytes:
         """Events as the client's API says them, naming the served model."""
         if self.translator is not None:
             return self.translator.feed(events)
-        return set_model(events, self.field)
+        return set_model(sse.join(events), self.field)
 
     def _final(self, data: bytes) -> bytes:
         """The whole answer, or a stream's last block, past the route's hook (the
@@ -646,76 +454,6 @@ class Call:
             )
         await self._write_error_event(message, 502)
         return self.resp
-
-    def _filter_events(self, block: bytes) -> bytes:
-        """Count content events and take usage; drop the usage-only event unless asked."""
-        if self.route.dialect is not None and not self.translating:
-            events, usages = native_events(block)
-            self.events += events
-            for usage in usages:
-                self._set_usage(usage)
-            return block
-        first = block.find(b'"usage"')
-        if first < 0:
-            self.events += block.count(b"data: {")
-            return block
-        # The events before the first that mentions usage pass as they are: counted,
-        # not taken apart (a block is often a whole stream, usage only at its end).
-        start = block.rfind(b"\n\n", 0, first) + 2  # 1: no event before it
-        start = 0 if start == 1 else start
-        head = block[:start]
-        self.events += head.count(b"data: {")
-        kept = []
-        for event in block[start:].split(b"\n\n"):
-            if not event:
-                continue
-            if event.startswith(b"data: {") and b'"usage"' in event:
-                try:
-                    obj = json.loads(event[6:])
-                except ValueError:
-                    obj = None
-                if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
-                    self._set_usage(obj["usage"], obj)
-                    if obj.get("choices"):
-                        self.events += 1
-                    if not self.client_usage:
-                        if not obj.get("choices"):
-                            continue  # the usage-only chunk the client did not ask for
-                        # Cut out of the bytes rather than parsed and written again.
-                        cut = without_usage(event)
-                        if cut is None:
-                            del obj["usage"]
-                            cut = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
-                        event = cut
-                    kept.append(event)
-                    continue
-            if event.startswith(b"data: {"):
-                self.events += 1
-            kept.append(event)
-        return head + b"".join(e + b"\n\n" for e in kept)
-
-    def _take_usage(self, data: bytes) -> None:
-        try:
-            answer = loads(data)
-            usage = answer.get("usage")
-        except (ValueError, AttributeError):
-            return
-        if isinstance(usage, dict):
-            self._set_usage(usage, answer)
-
-    def _set_usage(self, usage: dict, answer: dict | None = None) -> None:
-        cached = cached_tokens(answer if answer is not None else {"usage": usage})
-        if cached is not None:
-            self.cached = cached
-        if answer is not None and self.affinity is not None:
-            self.decode_weight = decode_weight(answer)
-        # OpenAI's names, or Anthropic's and the Responses API's.
-        p = usage.get("prompt_tokens", usage.get("input_tokens"))
-        c = usage.get("completion_tokens", usage.get("output_tokens"))
-        if isinstance(p, int):
-            self.prompt_tokens = p
-        if isinstance(c, int):
-            self.completion_tokens = c
 
     # -- writing to the client ---------------------------------------------------------
 
@@ -755,7 +493,7 @@ class Call:
             }
         }
         try:
-            await self._write(b"data: " + json.dumps(body).encode() + b"\n\n")
+            await self._write(sse.json_event(body))
             await self.resp.write_eof()
         except ConnectionError:
             pass  # the client left too; the usage row still says what happened
@@ -792,7 +530,7 @@ class Call:
     async def _send_keepalive(self) -> None:
         try:
             resp = self.resp or await self._ensure_stream()
-            await resp.write(b": keepalive\n\n")
+            await resp.write(sse.KEEPALIVE)
         except ConnectionError:
             return
         if self._waiting_first:
@@ -813,27 +551,6 @@ class Call:
 
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-def native_events(block: bytes) -> tuple[int, list[dict]]:
-    """Content events and usage objects in a block of another API's SSE events (Anthropic's
-    `event: …` / `data: {…}` pairs, the Responses API's): usage sits at the top of an
-    event, in its `message` (message_start) or in its `response` (response.completed)."""
-    events = block.count(b"_delta")
-    usages = []
-    if b'"usage"' in block:
-        for event in block.split(b"\n\n"):
-            i = event.find(b"data: {")
-            if i < 0 or b'"usage"' not in event:
-                continue
-            try:
-                obj = json.loads(event[i + 6 :])
-            except ValueError:
-                continue
-            for holder in (obj, obj.get("message"), obj.get("response")):
-                if isinstance(holder, dict) and isinstance(holder.get("usage"), dict):
-                    usages.append(holder["usage"])
-    return events, usages
 
 
 def error_message(data: bytes) -> str:

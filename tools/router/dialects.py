@@ -13,9 +13,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmgw_router import anthropic, responses, responses_api
+from llmgw_router import anthropic, meter, responses, responses_api
 from llmgw_router.exchange import Answer, Stream
-from llmgw_router.proxy import Route
+from llmgw_router.routes import Route
 
 
 class Translation:
@@ -33,8 +33,8 @@ class Translation:
             return data
         return json.dumps(self._answer(chat)).encode()
 
-    def feed(self, block: bytes) -> bytes:
-        return self._stream.feed(block)
+    def feed(self, events: list[bytes]) -> bytes:
+        return self._stream.feed(events)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,13 @@ RESPONSES = Dialect("responses", _responses, None, responses.error_event)
 RESPONSES_COUNT = Dialect("responses", _input_tokens, None, responses.error_event)
 
 MESSAGES = Route(
-    "/v1/messages", "messages", (list,), True, done=b"event: message_stop", dialect=ANTHROPIC
+    "/v1/messages",
+    "messages",
+    (list,),
+    True,
+    ends=meter.ANTHROPIC_ENDS,
+    content=meter.anthropic_content,
+    dialect=ANTHROPIC,
 )
 # Counting generates nothing, and Anthropic does not bill it: its usage row has no tokens.
 COUNT_TOKENS = Route(
@@ -105,7 +111,8 @@ RESPONSES_ROUTE = Route(
     "input",
     (str, list),
     True,
-    done=b"event: response.completed",
+    ends=meter.RESPONSES_ENDS,
+    content=meter.responses_content,
     max_tokens_field="max_output_tokens",
     dialect=RESPONSES,
     prepare=responses_api.prepare,

@@ -14,20 +14,21 @@ import itertools
 import json
 import secrets
 import time
-from dataclasses import dataclass
 
 from llmgw import log
 from llmgw.states import ModelState
-from llmgw_router import metrics
+from llmgw_router import metrics, routes
 from llmgw_router.admission import Admission
 from llmgw_router.call import CLIENT_CLOSED, Call, Upstreams
 from llmgw_router.errors import ApiError, api_error
-from llmgw_router.exchange import Answer, BodyTooLarge, Stream, json_answer, loads
+from llmgw_router.exchange import Answer, Stream, json_answer
 from llmgw_router.keycache import KeyCache
 from llmgw_router.limits import COST_KINDS, Reservation
 from llmgw_router.policy import Policies
 from llmgw_router.quota import Quota
+from llmgw_router.routes import Route
 from llmgw_router.routing import RoutingTable
+from llmgw_router.splice import ask_usage
 from llmgw_router.upstream import Pool
 from llmgw_router.usage import UsageRow, UsageWriter
 
@@ -36,36 +37,6 @@ _log = log.get("llmgw.router")
 # The most a request waits for a starting router's first table (it comes within the
 # schedulers' snapshot interval, 3 s, of connecting).
 _TABLE_WAIT_S = 5.0
-
-
-@dataclass
-class Route:
-    """One OpenAI operation: the engine path and the field that must hold the input."""
-
-    path: str
-    input_field: str
-    input_types: tuple
-    streams: bool
-    head: bytes = b""  # the request line sent to the engine
-    done: bytes = b"data: [DONE]"  # the event that ends a complete stream
-    max_tokens_field: str = "max_tokens"  # what bounds the answer ("": nothing does)
-    dialect: object = None  # not OpenAI's: how to translate it to chat (dialects.py)
-    bills: bool = True  # whether its tokens are counted (counting tokens is not billed)
-    # Called with (request, key, payload) once the key may use the model; may change the
-    # payload (the Responses API's state), or raise ApiError.
-    prepare: object = None
-
-    def __post_init__(self):
-        self.head = f"POST {self.path} HTTP/1.1\r\n".encode()
-
-
-CHAT = Route("/v1/chat/completions", "messages", (list,), True)
-COMPLETIONS = Route("/v1/completions", "prompt", (str, list), True)
-EMBEDDINGS = Route("/v1/embeddings", "input", (str, list), False, max_tokens_field="")
-# Reranking (llama-server with --reranking, vLLM, TEI-style servers): passed through
-# under both names engines use for it.
-RERANK = Route("/v1/rerank", "documents", (list,), False, max_tokens_field="")
-RERANKING = Route("/v1/reranking", "documents", (list,), False, max_tokens_field="")
 
 
 class Proxy:
@@ -413,9 +384,9 @@ class Proxy:
         prompt = completion = 0
         ttft = None
         if call is not None and call.route.bills:
-            prompt = call.prompt_tokens
-            # A stream cut short has no usage chunk: count its content events instead.
-            completion = call.completion_tokens or call.events
+            prompt = call.meter.prompt_tokens
+            # A stream cut short has no usage chunk: it counts its content events.
+            completion = call.meter.completion
             if call.t_first is not None:
                 ttft = call.t_first - ticket.t0
         status = ticket.status
@@ -476,88 +447,7 @@ class Proxy:
 
     async def parse(self, request, route: Route):
         """(payload, raw body); ApiError (400, 413) for a body that is not one."""
-        if request.content_length is not None and request.content_length > self.max_body:
-            raise too_large(self.max_body)
-        try:
-            body = await request.read()
-        except BodyTooLarge:
-            raise too_large(self.max_body) from None
-        if len(body) > self.max_body:
-            raise too_large(self.max_body)
-        try:
-            payload = loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(
-                400,
-                "The request body is not valid JSON.",
-                "invalid_request_error",
-                "invalid_json",
-            ) from None
-        if not isinstance(payload, dict):
-            raise ApiError(
-                400,
-                "The request body must be a JSON object.",
-                "invalid_request_error",
-                "invalid_json",
-            )
-        model = payload.get("model")
-        if not isinstance(model, str) or not model:
-            what = "missing" if model is None else "must be a non-empty string"
-            raise ApiError(
-                400,
-                f"'model' is {what}.",
-                "invalid_request_error",
-                "invalid_value",
-                param="model",
-            )
-        field = route.input_field
-        value = payload.get(field)
-        if value is None:
-            raise ApiError(
-                400,
-                f"'{field}' is missing.",
-                "invalid_request_error",
-                "missing_required_parameter",
-                param=field,
-            )
-        if not isinstance(value, route.input_types) or (isinstance(value, list) and not value):
-            kinds = " or ".join(
-                "a non-empty array" if t is list else "a string" for t in route.input_types
-            )
-            raise ApiError(
-                400,
-                f"'{field}' must be {kinds}.",
-                "invalid_request_error",
-                "invalid_type",
-                param=field,
-            )
-        if "stream" in payload:
-            if not isinstance(payload["stream"], bool):
-                raise ApiError(
-                    400,
-                    "'stream' must be true or false.",
-                    "invalid_request_error",
-                    "invalid_type",
-                    param="stream",
-                )
-            if payload["stream"] and not route.streams:
-                raise ApiError(
-                    400,
-                    f"{route.path} does not stream.",
-                    "invalid_request_error",
-                    "invalid_value",
-                    param="stream",
-                )
-        opts = payload.get("stream_options")
-        if opts is not None and not isinstance(opts, dict):
-            raise ApiError(
-                400,
-                "'stream_options' must be an object.",
-                "invalid_request_error",
-                "invalid_type",
-                param="stream_options",
-            )
-        return payload, body
+        return await routes.read(request, route, self.max_body)
 
 
 class Ticket:
@@ -608,22 +498,6 @@ def saturated(model: str, rid: str) -> Answer:
     )
 
 
-_ASK_USAGE = b'"stream_options":{"include_usage":true},'
-
-
-def ask_usage(body: bytes) -> bytes | None:
-    """A request body (a JSON object with members, and no `stream_options`) asking for
-    the stream's usage, spliced in as its first member; None if it does not start like
-    an object (the caller serialises the payload instead). Both mean the same object to
-    the engine: only a new member is added, and the object had none of that name."""
-    i = 0
-    while i < len(body) and body[i] in b" \t\r\n":
-        i += 1
-    if i >= len(body) or body[i] != 0x7B:
-        return None
-    return body[: i + 1] + _ASK_USAGE + body[i + 1 :]
-
-
 def priced(prices) -> bool:
     """A model a cost budget can count: it has a price for its prompt or its answer."""
     return prices is not None and (prices[0] > 0 or prices[1] > 0)
@@ -666,12 +540,3 @@ def count(resp: Answer, model: str, api: str) -> Answer:
     metrics.requests(model, resp.status).inc()
     metrics.api_requests(api, resp.status).inc()
     return resp
-
-
-def too_large(limit: int) -> ApiError:
-    return ApiError(
-        413,
-        f"The request body is larger than {limit} bytes.",
-        "invalid_request_error",
-        "request_too_large",
-    )

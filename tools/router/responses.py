@@ -6,12 +6,11 @@ stateless request whose input already holds the whole conversation. What chat ca
 carry is refused with the field named (`Untranslatable`), never dropped.
 """
 
-import json
 import secrets
 import time
 
+from llmgw_router import sse
 from llmgw_router.errors import Untranslatable
-from llmgw_router.sse import chat_chunks
 
 # Fields the router itself handles before translation (state), or that only describe
 # the answer and are echoed back in it.
@@ -309,12 +308,12 @@ class Stream:
     def _event(self, kind: str, **data) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **data}
         self.seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + json.dumps(data).encode() + b"\n\n"
+        return sse.json_event(data, kind)
 
-    def feed(self, block: bytes) -> bytes:
-        """SSE events of a chat stream (whole events) → SSE events of a Responses stream."""
+    def feed(self, events: list[bytes]) -> bytes:
+        """Events of a chat stream (sse.Framer's) → SSE events of a Responses stream."""
         return b"".join(
-            self.end() if chunk is None else self.chunk(chunk) for chunk in chat_chunks(block)
+            self.end() if chunk is None else self.chunk(chunk) for chunk in sse.chat_chunks(events)
         )
 
     def _start(self) -> bytes:
@@ -442,4 +441,4 @@ class Stream:
 
 def error_event(message: str, status: int) -> bytes:
     data = {"type": "error", "code": f"upstream_{status}", "message": message, "param": None}
-    return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
+    return sse.json_event(data, "error")

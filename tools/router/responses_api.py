@@ -7,13 +7,11 @@ that made the response: any other gets 404, never the content."""
 import json
 import time
 
-from llmgw_router import responses
+from llmgw_router import meter, responses, sse
 from llmgw_router.conversations import Conversations, Saved
 from llmgw_router.errors import ApiError
 from llmgw_router.exchange import Answer, json_answer
 from llmgw_router.proxy import request_id
-
-_COMPLETED = b"event: response.completed"
 
 
 def not_found(response_id: str, param: str | None = None) -> ApiError:
@@ -77,11 +75,12 @@ async def prepare(request, key, payload: dict) -> None:
         """The whole answer, or a stream's last block: keep the response, and say in it
         what the engine could not know (it never saw previous_response_id or store)."""
         whole = data.lstrip().startswith(b"{")
+        final = None
         if whole:
             obj = _json(data)
         else:
-            obj = _completed(data)
-            obj = obj.get("response") if isinstance(obj, dict) else None
+            final = _final_event(data)
+            obj = final[3].get("response") if final is not None else None
         if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
             return None
         obj["previous_response_id"], obj["store"] = prev_id, store
@@ -100,7 +99,10 @@ async def prepare(request, key, payload: dict) -> None:
             )
         if whole:
             return json.dumps(obj).encode()
-        return _replace_completed(data, obj)
+        events, i, name, event = final
+        event["response"] = obj
+        events[i] = sse.json_event(event, name).rstrip()
+        return sse.join(events)
 
     request["llmgw.on_answer"] = on_answer
 
@@ -112,23 +114,19 @@ def _json(data: bytes):
         return None
 
 
-def _completed(block: bytes):
-    i = block.find(_COMPLETED)
-    if i < 0:
-        return None
-    j = block.find(b"data: ", i)
-    end = block.find(b"\n\n", j)
-    return _json(block[j + 6 : end if end >= 0 else len(block)]) if j >= 0 else None
-
-
-def _replace_completed(block: bytes, response: dict) -> bytes:
-    i = block.find(_COMPLETED)
-    j = block.find(b"data: ", i)
-    end = block.find(b"\n\n", j)
-    end = end if end >= 0 else len(block)
-    event = _json(block[j + 6 : end]) or {}
-    event["response"] = response
-    return block[: j + 6] + json.dumps(event).encode() + block[end:]
+def _final_event(block: bytes):
+    """(the block's events, the index of the response's end event, its name, its data
+    decoded) in a stream's last block; None if it has none."""
+    events = sse.split(block)
+    for i in range(len(events) - 1, -1, -1):
+        e = sse.parse(events[i])
+        obj = e.json()
+        if not isinstance(obj, dict):
+            continue
+        name = e.name or obj.get("type")
+        if name in meter.RESPONSES_ENDS and isinstance(obj.get("response"), dict):
+            return events, i, name, obj
+    return None
 
 
 async def _mine(request) -> Saved:

@@ -4,14 +4,14 @@ asked for usage (`stream_options` spliced into the request)."""
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw_router.call import Call, model_field, set_model, without_usage
-from llmgw_router.proxy import CHAT, ask_usage
+from llmgw_router import sse
+from llmgw_router.meter import Meter, OpenAIStream
+from llmgw_router.splice import ask_usage, model_field, set_model, without_usage
 
 FIELD = model_field("gemma3-270m")
 PATH = '/var/lib/llmgw/weights/gemma-"q4"/m.gguf\\'
@@ -112,18 +112,20 @@ def with_usage_on_chunks(block: bytes) -> list[bytes]:
     return variants
 
 
-def fresh_call(client_usage: bool) -> Call:
-    up = SimpleNamespace(served_name=lambda m: m)
-    return Call(up, None, CHAT, "rid", "m", True, client_usage, 0.0, {})
+def relayed(block: bytes, client_usage: bool) -> tuple[bytes, Meter]:
+    """The stream as the router relays it to the client, and what it metered."""
+    meter = Meter()
+    return sse.join(OpenAIStream(meter, client_usage).read(sse.split(block))), meter
 
 
 @pytest.mark.parametrize("path", STREAMS, ids=lambda p: p.name)
 def test_the_usage_splice_equals_parsing_and_dumping_over_the_captured_streams(path):
     for block in with_usage_on_chunks(path.read_bytes()):
-        call = fresh_call(client_usage=False)
-        assert call._filter_events(block) == parse_and_dump(block)
-        assert call.prompt_tokens > 0 and call.completion_tokens > 0
-        assert call.events == content_events(block)
+        out, meter = relayed(block, client_usage=False)
+        assert out == parse_and_dump(block)
+        assert meter.prompt_tokens > 0 and meter.completion_tokens > 0
+        assert meter.events == content_events(block)
+        assert meter.ended
 
 
 def content_events(block: bytes) -> int:
@@ -139,7 +141,7 @@ def content_events(block: bytes) -> int:
 @pytest.mark.parametrize("path", STREAMS, ids=lambda p: p.name)
 def test_a_client_that_asked_for_usage_gets_the_stream_byte_for_byte(path):
     for block in with_usage_on_chunks(path.read_bytes()):
-        assert fresh_call(client_usage=True)._filter_events(block) == block
+        assert relayed(block, client_usage=True)[0] == block
 
 
 json_text = st.text(alphabet=st.sampled_from('ab "\\:{}[],usage\n'), max_size=12)
@@ -196,7 +198,7 @@ with_models = st.recursive(
 @settings(max_examples=400, deadline=None)
 @given(docs=st.lists(with_models, min_size=1, max_size=4), spaced=st.booleans())
 def test_the_quick_ways_of_naming_the_model_agree_with_the_careful_one(docs, spaced):
-    from llmgw_router.call import _set_model_each
+    from llmgw_router.splice import _set_model_each
 
     sep = (", ", ": ") if spaced else (",", ":")
     block = b"".join(b"data: " + json.dumps(d, separators=sep).encode() + b"\n\n" for d in docs)

@@ -1,0 +1,193 @@
+"""What an engine's answer says it cost: the request path's only reader of usage.
+
+A `Meter` holds one attempt's tokens as the engine reported them (prompt, completion,
+cached) and, for a stream, the content events seen (what a stream cut short before its
+usage is billed by). A whole answer is read by `Meter.whole`; a stream by the reader for
+its API, which also decides, event by event, whether the stream has ended:
+
+- `OpenAIStream`: chat and completions, and the chat stream a translation reads. It ends
+  on a whole `data: [DONE]` event. It takes the usage chunk, and drops it (or cuts the
+  usage member out of a chunk that also carries choices) for a client that did not ask.
+- `NativeStream`: another API's own stream passed through (Anthropic's Messages, the
+  Responses API), which ends on one of its named events (`message_stop`,
+  `response.completed`) and counts its delta events.
+
+Framing is sse.py's: a reader is given whole events, never bytes to search, so no text
+a model writes can end a stream or make up its usage (seen: a chat answer that repeated
+`data: [DONE]` was billed 0 prompt and 2 completion tokens for 11 and 7).
+"""
+
+import json
+
+from llmgw_router import sse
+from llmgw_router.exchange import loads
+from llmgw_router.prefix import cached_tokens, decode_weight
+from llmgw_router.splice import without_usage
+
+_USAGE = b'"usage"'
+_LF = b"\n"
+
+
+class Meter:
+    """One attempt's cost as its engine said it. `ended`: the stream reached its API's
+    end (a whole answer always has)."""
+
+    __slots__ = ("prompt_tokens", "completion_tokens", "events", "cached", "decode_weight",
+                 "ended", "weigh")  # fmt: skip
+
+    def __init__(self, weigh: bool = False):
+        self.weigh = weigh  # learn what a decoded token costs (prefix routing wants it)
+        self.reset()
+
+    def reset(self) -> None:
+        """A new attempt: nothing counted."""
+        self.prompt_tokens = self.completion_tokens = self.events = 0
+        self.cached = self.decode_weight = None
+        self.ended = False
+
+    @property
+    def completion(self) -> int:
+        """Completion tokens to bill: the engine's count of a stream that ended; of one
+        cut short, at least one per content event relayed (its usage, if any came, was
+        only the count so far: Anthropic's message_start says 1)."""
+        if self.ended:
+            return self.completion_tokens or self.events
+        return max(self.completion_tokens, self.events)
+
+    def whole(self, data: bytes) -> None:
+        """A whole answer's usage."""
+        self.ended = True
+        try:
+            answer = loads(data)
+            usage = answer.get("usage")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(usage, dict):
+            self.take(usage, answer)
+
+    def take(self, usage: dict, answer: dict | None = None) -> None:
+        """A usage object, in OpenAI's names or Anthropic's and the Responses API's."""
+        cached = cached_tokens(answer if answer is not None else {"usage": usage})
+        if cached is not None:
+            self.cached = cached
+        if answer is not None and self.weigh:
+            self.decode_weight = decode_weight(answer)
+        p = usage.get("prompt_tokens", usage.get("input_tokens"))
+        c = usage.get("completion_tokens", usage.get("output_tokens"))
+        if isinstance(p, int):
+            self.prompt_tokens = p
+        if isinstance(c, int):
+            self.completion_tokens = c
+
+
+class OpenAIStream:
+    """An OpenAI stream's events in, the events the client gets out (see the module)."""
+
+    __slots__ = ("meter", "client_usage")
+
+    def __init__(self, meter: Meter, client_usage: bool):
+        self.meter, self.client_usage = meter, client_usage
+
+    def read(self, events: list[bytes]) -> list[bytes]:
+        meter = self.meter
+        if meter.ended:
+            return []  # nothing after the end is part of the answer
+        kept = None  # a copy, once an event is changed or dropped
+        for i, event in enumerate(events):
+            out = event
+            if event.startswith(b"data: {") and _LF not in event:  # a chunk: the usual
+                data = event[6:]
+                if _USAGE in data:
+                    out = self._usage(event, data)
+                else:
+                    meter.events += 1
+            else:  # a comment, another framing, the end
+                data = sse.data_of(event)
+                if data == sse.DONE:
+                    meter.ended = True
+                    if kept is None:
+                        return events[: i + 1]
+                    kept.append(event)
+                    return kept
+                if data is not None and data[:1] == b"{":
+                    if _USAGE in data:
+                        out = self._usage(event, data)
+                    else:
+                        meter.events += 1
+            if out is not event and kept is None:
+                kept = events[:i]
+            if kept is not None and out is not None:
+                kept.append(out)
+        return events if kept is None else kept
+
+    def _usage(self, event: bytes, data: bytes) -> bytes | None:
+        """A chunk that mentions usage: take it; the chunk as the client is to get it
+        (None: dropped), `event` itself when it goes on unchanged."""
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            obj = None
+        if not (isinstance(obj, dict) and isinstance(obj.get("usage"), dict)):
+            self.meter.events += 1  # "usage" in its text only
+            return event
+        self.meter.take(obj["usage"], obj)
+        if obj.get("choices"):
+            self.meter.events += 1
+        if self.client_usage:
+            return event
+        if not obj.get("choices"):
+            return None  # the usage-only chunk the client did not ask for
+        # Cut out of the bytes rather than parsed and written again.
+        cut = without_usage(event) if event.startswith(b"data: ") and _LF not in event else None
+        if cut is None:
+            del obj["usage"]
+            cut = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+        return cut
+
+
+class NativeStream:
+    """Another API's own stream (see the module): `ends`, the event names that end a
+    complete one; `content`, whether an event name is generated content."""
+
+    __slots__ = ("meter", "ends", "content")
+
+    def __init__(self, meter: Meter, ends: frozenset, content):
+        self.meter, self.ends, self.content = meter, ends, content
+
+    def read(self, events: list[bytes]) -> list[bytes]:
+        meter = self.meter
+        if meter.ended:
+            return []
+        for i, event in enumerate(events):
+            e = sse.parse(event)
+            name, obj = e.name, None
+            data = e.data
+            if data is not None and data[:1] == b"{" and (not name or _USAGE in data):
+                obj = e.json()
+                if not name and isinstance(obj, dict) and isinstance(obj.get("type"), str):
+                    name = obj["type"]  # unnamed: the data says its type
+            if self.content(name):
+                meter.events += 1
+            if isinstance(obj, dict):
+                for holder in (obj, obj.get("message"), obj.get("response")):
+                    if isinstance(holder, dict) and isinstance(holder.get("usage"), dict):
+                        meter.take(holder["usage"])
+            if name in self.ends:
+                meter.ended = True
+                return events[: i + 1]
+        return events
+
+
+def anthropic_content(name: str) -> bool:
+    return name == "content_block_delta"
+
+
+def responses_content(name: str) -> bool:
+    # response.output_text.delta, response.function_call_arguments.delta, reasoning…
+    return name.endswith(".delta")
+
+
+ANTHROPIC_ENDS = frozenset(("message_stop",))
+# A response that stopped at max_output_tokens ends `response.incomplete`; one the engine
+# failed, `response.failed`: both are the stream's end, not a cut.
+RESPONSES_ENDS = frozenset(("response.completed", "response.incomplete", "response.failed"))

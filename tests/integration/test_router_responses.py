@@ -1,6 +1,7 @@
 """OpenAI's Responses API through the real openai client, on the fake engine, which
-serves only chat completions: the router translates, and keeps the state as a chain of
-responses."""
+serves only chat completions unless told to serve /v1/responses as llama-server does:
+the router translates (or passes through), keeps the state as a chain of responses, and
+makes every answer the response object the OpenResponses specification requires."""
 
 import json
 
@@ -11,6 +12,7 @@ from llmgw.store import StoredResponse, open_store
 from tests.helpers import eventually, start_router
 from tests.integration.conftest import ENGINE_KEY, ctl
 from tests.integration.test_router_admission import CATALOG
+from tests.unit.test_responses_spec import problems
 
 
 def client_for(url, secret):
@@ -169,6 +171,40 @@ def test_a_response_falls_back_and_its_continuation_names_the_model_that_answere
         assert raw.headers["x-llmgw-served-model"] == "small"
         assert made.model == "small" and engine.stats()["last_body"]["model"] == "small"
         assert c.responses.retrieve(made.id).model == "small"
+
+
+def sse_events(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "translated"])
+def test_every_answer_whole_or_streamed_is_the_specs_response_object(router, engine, native):
+    engine.control(responses=native)
+    asked = {"model": "m", "input": "hi", "instructions": "Be brief.", "temperature": 0.2,
+             "metadata": {"ticket": "42"}, "max_output_tokens": 30}  # fmt: skip
+    whole = router.post("/v1/responses", asked)
+    assert whole.status_code == 200, whole.text
+    first = whole.json()
+    assert problems(first) == []
+    assert (first["instructions"], first["temperature"], first["metadata"]) == (
+        "Be brief.", 0.2, {"ticket": "42"})  # fmt: skip
+    assert (first["store"], first["previous_response_id"], first["top_p"]) == (True, None, 1.0)
+    streamed = router.post(
+        "/v1/responses",
+        {"model": "m", "input": "more", "previous_response_id": first["id"], "stream": True},
+    )
+    assert streamed.status_code == 200, streamed.text
+    completed = [e for e in sse_events(streamed.text) if e["type"] == "response.completed"]
+    (done,) = completed
+    assert problems(done["response"]) == []
+    assert done["response"]["previous_response_id"] == first["id"]
+    assert done["response"]["output"][0]["content"][0]["text"] == "The quick brown fox jumps"
+    assert (engine.stats()["unknown_paths"] == []) is native
+    sent = engine.stats()["last_body"]
+    assert "previous_response_id" not in sent and "store" not in sent
+    if native:  # the engine had the conversation, as it has no state
+        assert [i["content"] for i in sent["input"]] == ["hi", "The quick brown fox jumps", "more"]
+    assert router.get(f"/v1/responses/{done['response']['id']}").json() == done["response"]
 
 
 def _stored(router) -> dict:

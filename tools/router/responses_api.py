@@ -1,7 +1,9 @@
 """The Responses API's own endpoints and its state on the request path: a request with
 previous_response_id is expanded into the whole conversation before it goes to any
 engine (so it is stateless there, native or translated), and the answer is kept when
-`store` is true, with its own turn only. GET, DELETE and input_items of
+`store` is true, with its own turn only. Every answer, native or translated, whole or as
+a stream's `response.completed`, is made to carry what the OpenResponses response
+object requires (`responses.spec_shaped`). GET, DELETE and input_items of
 /v1/responses/{id} answer only the key that made the response: any other gets 404,
 never the content."""
 
@@ -112,7 +114,8 @@ async def prepare(request, key, payload: dict) -> None:
 
     def on_answer(data: bytes) -> bytes | None:
         """The whole answer, or a stream's last block: keep the response, and say in it
-        what the engine could not know (it never saw previous_response_id or store)."""
+        what the engine could not know (it never saw previous_response_id or store) and
+        what the specification requires that the engine left out."""
         whole = data.lstrip().startswith(b"{")
         if whole:
             obj = _json(data)
@@ -121,6 +124,7 @@ async def prepare(request, key, payload: dict) -> None:
             obj = obj.get("response") if isinstance(obj, dict) else None
         if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
             return None
+        obj = responses.spec_shaped(obj, payload)
         obj["previous_response_id"], obj["store"] = prev_id, store
         if store:
             convs.put(

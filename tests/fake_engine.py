@@ -29,7 +29,10 @@ trailing backslash, so JSON escapes it) unless started with `--alias NAME`.
 it answered at once (`peak_active`), and the
 last request's headers and body, so tests can check what the router forwarded. Any other
 path (as /v1/messages or /v1/responses: it serves neither) is answered 404 and listed in
-`unknown_paths`.
+`unknown_paths`. With `{"responses": true}` it serves /v1/responses itself, whole and
+streamed, with exactly the fields llama-server's own answers have (its server-task.cpp:
+no instructions, tools, temperature..., events without sequence numbers, no [DONE]), and
+refuses previous_response_id as llama-server does.
 """
 
 import argparse
@@ -75,6 +78,7 @@ class Engine:
         self.last_headers: dict = {}
         self.last_body: dict = {}
         self.unknown_paths: list[str] = []
+        self.responses = False  # serve /v1/responses natively, as llama-server does
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -87,6 +91,7 @@ class Engine:
         app.router.add_post("/_control", self.control)
         app.router.add_get("/_stats", self.stats)
         app.router.add_get("/slots", self.slots)
+        app.router.add_post("/v1/responses", self.native_responses)
         app.router.add_route("*", "/{tail:.*}", self.unknown)
         return app
 
@@ -104,7 +109,8 @@ class Engine:
     async def control(self, request):
         body = await request.json()
         for field in ("mode", "chunks", "delay_s", "first_delay_s", "drop_after", "n_slots",
-                      "extra_busy", "cache", "pieces", "framing", "native"):  # fmt: skip
+                      "extra_busy", "cache", "pieces", "framing", "native",
+                      "responses"):  # fmt: skip
             if field in body:
                 setattr(self, field, body[field])
         if body.get("release"):
@@ -264,6 +270,51 @@ class Engine:
             raise
         finally:
             self.active -= 1
+
+    async def native_responses(self, request):
+        """/v1/responses as llama-server answers it (when told to serve it)."""
+        if not self.responses:
+            return await self.unknown(request)
+        denied = self._check(request)
+        if denied:
+            return denied
+        body = await request.json()
+        self.requests += 1
+        self.last_headers, self.last_body = dict(request.headers), body
+        if "previous_response_id" in body:
+            return web.json_response(
+                {"error": {"message": "previous_response_id is not supported", "code": 400,
+                           "type": "invalid_request_error"}}, status=400)  # fmt: skip
+        words = [WORDS[i % len(WORDS)] for i in range(self.chunks)]
+        now = int(time.time())
+        part = {"type": "output_text", "annotations": [], "logprobs": [], "text": "".join(words)}
+        item = {"content": [part], "id": "msg_fake1", "role": "assistant",
+                "status": "completed", "type": "message"}  # fmt: skip
+        usage = {"input_tokens": 7, "output_tokens": self.chunks, "total_tokens": 7 + self.chunks,
+                 "input_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+        resp = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": now,
+                "status": "completed", "model": self.model, "output": [item],
+                "usage": usage}  # fmt: skip
+        if not body.get("stream"):
+            return web.json_response({**resp, "completed_at": now})
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        started = {"id": resp["id"], "object": "response", "status": "in_progress"}
+        events = [("response.created", {"response": started}),
+                  ("response.in_progress", {"response": started}),
+                  ("response.output_item.added", {"item": {**item, "content": [],
+                                                           "status": "in_progress"}})]  # fmt: skip
+        events += [("response.output_text.delta", {"delta": w, "item_id": item["id"]})
+                   for w in words]  # fmt: skip
+        events += [("response.output_text.done", {"item_id": item["id"], "text": part["text"]}),
+                   ("response.content_part.done", {"item_id": item["id"], "part": part}),
+                   ("response.output_item.done", {"item": item}),
+                   ("response.completed", {"response": resp})]  # fmt: skip
+        for kind, data in events:
+            data = json.dumps({"type": kind, **data}, separators=(",", ":"))
+            await out.write(f"event: {kind}\ndata: {data}\n\n".encode())
+        await out.write_eof()
+        return out
 
     def _pieces(self) -> list[str]:
         if self.pieces is not None:

@@ -115,6 +115,9 @@ class RouterConfig:
     # Tokens reserved for a request that sets no max_tokens while a token limit or
     # budget applies to it; it is then sent to the engine as its max_tokens.
     default_max_tokens: int = 4096
+    # The Responses API: the most stored responses a continuation walks back through
+    # (each keeps its own turn); a longer conversation is refused 400.
+    responses_chain_max: int = 256
     # How a request's replica is chosen: "prefix" (where its prompt is most likely
     # cached, docs/architecture.md), "least-outstanding" or "round-robin".
     routing: str = "prefix"

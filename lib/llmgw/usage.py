@@ -27,6 +27,28 @@ _ATTRIBUTION = ("key_id", "user", "project", "team", "org", "model", "served_mod
 TOTALS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cost")
 
 
+def _prune_responses(cutoff: float) -> int:
+    """Delete the stored Responses API conversations whose last response is older than
+    `cutoff`: they hold what people wrote, kept no longer than the usage rows that record
+    them. A conversation goes whole: each response is a link its later ones are rebuilt
+    through, so an old first turn stays while a later turn is recent. Each pass deletes
+    the old responses that nothing continues, which makes their previous ones the next
+    pass's; a conversation of n turns takes n passes."""
+    continued = StoredResponse.select(StoredResponse.previous_id).where(
+        StoredResponse.previous_id.is_null(False)
+    )
+    pruned = 0
+    while True:
+        gone = (
+            StoredResponse.delete()
+            .where((StoredResponse.created_at < cutoff) & StoredResponse.id.not_in(continued))
+            .execute()
+        )
+        if not gone:
+            return pruned
+        pruned += gone
+
+
 def rollup(now: float, retention_days: int) -> dict:
     """Roll up every complete day whose raw rows are not all in its rollup yet, then
     prune raw rows older than `retention_days` (0: keep them). Returns what was done."""
@@ -35,10 +57,7 @@ def rollup(now: float, retention_days: int) -> dict:
     first = Usage.select(peewee.fn.MIN(Usage.at)).where(Usage.at < until).scalar()
     done = {"days_rolled_up": 0, "rollup_rows": 0, "raw_rows_pruned": 0, "responses_pruned": 0}
     if cutoff is not None:
-        # Stored Responses API conversations hold what people wrote: kept no longer
-        # than the usage rows that record them.
-        old = StoredResponse.created_at < cutoff
-        done["responses_pruned"] = StoredResponse.delete().where(old).execute()
+        done["responses_pruned"] = _prune_responses(cutoff)
     if first is None:
         return done
     marks = {d.day: d for d in UsageDay.select()}

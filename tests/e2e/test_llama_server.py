@@ -21,6 +21,7 @@ import requests
 
 from llmgw.store import Usage, open_store
 from tests.helpers import ROOT, Proc, eventually, free_port, llmgw, start_router
+from tests.unit.test_responses_spec import problems
 
 pytestmark = pytest.mark.e2e
 
@@ -230,11 +231,14 @@ def test_a_message_is_passed_through_to_llama_servers_own_messages_api(gateway):
 
 def test_a_response_is_passed_through_and_continued_by_the_routers_own_state(client, gateway):
     # Items as OpenAI's API takes them, without a type (llama-server wants one said).
-    first = client.responses.create(
+    raw = client.responses.with_raw_response.create(
         model=MODEL, max_output_tokens=8,
         input=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
                {"role": "user", "content": "Hello"}],
     )  # fmt: skip
+    # llama-server's own answer, made the response object the OpenResponses spec requires.
+    assert problems(raw.http_response.json()) == []
+    first = raw.parse()
     # llama-server refuses previous_response_id: the router sends the whole conversation.
     second = client.responses.create(
         model=MODEL, input="Say it again", max_output_tokens=8, previous_response_id=first.id
@@ -250,6 +254,8 @@ def test_a_response_is_passed_through_and_continued_by_the_routers_own_state(cli
     done = events[-1]
     assert done.type == "response.completed" and done.response.usage.output_tokens > 0
     assert client.responses.retrieve(done.response.id).previous_response_id == second.id
+    kept = client.responses.with_raw_response.retrieve(done.response.id).http_response.json()
+    assert problems(kept) == []  # as the response.completed event carried it
     items = client.responses.input_items.list(done.response.id, order="asc")
     assert len(items.data) == 7
     assert "engine_lacks_path" not in gateway.router.log()

@@ -1,12 +1,18 @@
 """OpenAI's Responses API through the real openai client, on the fake engine, which
-serves only chat completions: the router translates, and keeps the state."""
+serves only chat completions unless told to serve /v1/responses as llama-server does:
+the router translates (or passes through), keeps the state as a chain of responses, and
+makes every answer the response object the OpenResponses specification requires."""
+
+import json
 
 import openai
 import pytest
 
+from llmgw.store import StoredResponse, open_store
 from tests.helpers import eventually, start_router
 from tests.integration.conftest import ENGINE_KEY, ctl
 from tests.integration.test_router_admission import CATALOG
+from tests.unit.test_responses_spec import problems
 
 
 def client_for(url, secret):
@@ -165,3 +171,89 @@ def test_a_response_falls_back_and_its_continuation_names_the_model_that_answere
         assert raw.headers["x-llmgw-served-model"] == "small"
         assert made.model == "small" and engine.stats()["last_body"]["model"] == "small"
         assert c.responses.retrieve(made.id).model == "small"
+
+
+def sse_events(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "translated"])
+def test_every_answer_whole_or_streamed_is_the_specs_response_object(router, engine, native):
+    engine.control(responses=native)
+    asked = {"model": "m", "input": "hi", "instructions": "Be brief.", "temperature": 0.2,
+             "metadata": {"ticket": "42"}, "max_output_tokens": 30}  # fmt: skip
+    whole = router.post("/v1/responses", asked)
+    assert whole.status_code == 200, whole.text
+    first = whole.json()
+    assert problems(first) == []
+    assert (first["instructions"], first["temperature"], first["metadata"]) == (
+        "Be brief.", 0.2, {"ticket": "42"})  # fmt: skip
+    assert (first["store"], first["previous_response_id"], first["top_p"]) == (True, None, 1.0)
+    streamed = router.post(
+        "/v1/responses",
+        {"model": "m", "input": "more", "previous_response_id": first["id"], "stream": True},
+    )
+    assert streamed.status_code == 200, streamed.text
+    completed = [e for e in sse_events(streamed.text) if e["type"] == "response.completed"]
+    (done,) = completed
+    assert problems(done["response"]) == []
+    assert done["response"]["previous_response_id"] == first["id"]
+    assert done["response"]["output"][0]["content"][0]["text"] == "The quick brown fox jumps"
+    assert (engine.stats()["unknown_paths"] == []) is native
+    sent = engine.stats()["last_body"]
+    assert "previous_response_id" not in sent and "store" not in sent
+    if native:  # the engine had the conversation, as it has no state
+        assert [i["content"] for i in sent["input"]] == ["hi", "The quick brown fox jumps", "more"]
+    assert router.get(f"/v1/responses/{done['response']['id']}").json() == done["response"]
+
+
+def _stored(router) -> dict:
+    db = open_store(router.store_url)
+    try:
+        return {r.id: r for r in StoredResponse.select()}
+    finally:
+        db.close()
+
+
+def test_a_long_conversation_is_stored_one_turn_a_response(router, client, engine):
+    made = []
+    for turn in range(6):
+        prev = made[-1].id if made else None
+        made.append(client.responses.create(model="m", input=f"turn {turn}",
+                                            previous_response_id=prev))  # fmt: skip
+    assert len(engine.stats()["last_body"]["messages"]) == 11  # five turns and this one
+    rows = eventually(lambda: (r := _stored(router)) and len(r) == 6 and r, what="the writes")
+    for turn, resp in enumerate(made):
+        row = rows[resp.id]
+        assert json.loads(row.input) == [{"type": "message", "role": "user",
+                                          "content": f"turn {turn}"}]  # fmt: skip
+        assert json.loads(row.context) == []
+        assert row.previous_id == (made[turn - 1].id if turn else None)
+    items = client.responses.input_items.list(made[-1].id, order="asc", limit=100)
+    assert [i.content[0].text for i in items.data] == [
+        text for turn in range(6) for text in (f"turn {turn}", "The quick brown fox jumps")
+    ][:-1]
+
+
+def test_a_conversation_longer_than_the_bound_is_refused_with_a_clear_400(make_router, engine):
+    router = make_router([engine.url], responses_chain_max=2)
+    with client_for(router.url, router.secret) as c:
+        r1 = c.responses.create(model="m", input="one")
+        r2 = c.responses.create(model="m", input="two", previous_response_id=r1.id)
+        r3 = c.responses.create(model="m", input="three", previous_response_id=r2.id)
+        with pytest.raises(openai.BadRequestError) as err:
+            c.responses.create(model="m", input="four", previous_response_id=r3.id)
+    error = err.value.body
+    assert (error["code"], error["param"]) == ("conversation_too_long", "previous_response_id")
+    assert "more than 2 stored responses" in error["message"]
+
+
+def test_continuing_past_a_deleted_response_is_404_naming_it(client):
+    r1 = client.responses.create(model="m", input="one")
+    r2 = client.responses.create(model="m", input="two", previous_response_id=r1.id)
+    client.responses.delete(r1.id)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.responses.create(model="m", input="three", previous_response_id=r2.id)
+    assert err.value.body["code"] == "response_not_found"
+    assert r1.id in err.value.body["message"] and r2.id in err.value.body["message"]
+    assert client.responses.retrieve(r2.id).id == r2.id  # it is there, and says what it was

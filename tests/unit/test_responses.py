@@ -97,7 +97,11 @@ def test_a_chat_answer_with_a_tool_call_becomes_output_items():
     assert (call["type"], call["call_id"], call["name"], call["arguments"]) == (
         "function_call", "call_a1", "get_weather", '{"city":"Oslo"}')  # fmt: skip
     assert resp["usage"]["input_tokens"] == 40 and resp["usage"]["total_tokens"] == 52
-    assert (resp["status"], resp["model"], resp["tools"]) == ("completed", "m", [FN])
+    assert (resp["status"], resp["model"], resp["tools"]) == (
+        "completed",
+        "m",
+        [{**FN, "strict": None}],
+    )
     # ... and as input items of the next turn.
     assert responses.history(resp["output"]) == [
         {"type": "message", "role": "assistant", "content": "Let me look."},

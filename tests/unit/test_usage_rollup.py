@@ -80,3 +80,16 @@ def test_rollup_prunes_stored_responses_past_the_retention_and_keeps_the_rest(db
     assert usage.rollup(NOW, retention_days=2)["responses_pruned"] == 1
     assert [r.id for r in StoredResponse.select()] == ["resp_new"]
     assert usage.rollup(NOW, retention_days=0)["responses_pruned"] == 0
+
+
+def test_rollup_prunes_a_conversation_whole_once_its_last_response_is_old(db):
+    """Each response is a link its later ones are rebuilt through: an old first turn of
+    a conversation still going on stays."""
+    for rid, prev, days_ago in (("old_0", None, 9), ("old_1", "old_0", 8), ("old_2", "old_1", 7),
+                                ("live_0", None, 9), ("live_1", "live_0", 5),
+                                ("live_2", "live_1", 1)):  # fmt: skip
+        StoredResponse.create(id=rid, key_id="key_1", created_at=NOW - days_ago * DAY,
+                              model="m", previous_id=prev, input="[]", context="[]",
+                              body="{}")  # fmt: skip
+    assert usage.rollup(NOW, retention_days=2)["responses_pruned"] == 3
+    assert sorted(r.id for r in StoredResponse.select()) == ["live_0", "live_1", "live_2"]

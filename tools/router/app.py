@@ -67,7 +67,7 @@ class Router:
             total_timeout=rc.upstream_timeout_s,
             max_conns=rc.max_engine_connections,
         )
-        self.conversations = Conversations(db)
+        self.conversations = Conversations(db, chain_max=rc.responses_chain_max)
         self.proxy = Proxy(
             table,
             keys,

@@ -58,3 +58,21 @@ class Untranslatable(Error):
     def __init__(self, field: str):
         super().__init__(field)
         self.field = field
+
+
+class ChainTooLong(Error):
+    """A conversation chains more stored responses than the router walks back
+    (router.responses_chain_max)."""
+
+    def __init__(self, response_id: str, most: int):
+        super().__init__(f"{response_id}: more than {most}")
+        self.response_id, self.most = response_id, most
+
+
+class ChainBroken(Error):
+    """A stored response continues one that is gone (deleted): the conversation before
+    it cannot be rebuilt."""
+
+    def __init__(self, response_id: str, missing: str):
+        super().__init__(f"{response_id} continues {missing}")
+        self.response_id, self.missing = response_id, missing

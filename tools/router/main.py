@@ -59,7 +59,8 @@ def main(config_path, listen, endpoints):
         raise click.ClickException(str(e)) from None
     log.setup("llmgw-router", cfg.log.level)
     for name in ("max_engine_connections", "max_url_bytes", "max_header_bytes",
-                 "header_timeout_s", "body_timeout_s", "idle_timeout_s"):  # fmt: skip
+                 "header_timeout_s", "body_timeout_s", "idle_timeout_s",
+                 "responses_chain_max"):  # fmt: skip
         if (value := getattr(cfg.router, name)) <= 0:
             raise click.ClickException(f"router.{name} = {value}: must be above 0")
     try:

@@ -172,29 +172,96 @@ def _format(fmt: dict):
 
 def shell(request: dict, rid: str, model: str, created: float) -> dict:
     """The response object before its output: what the request asked for, echoed."""
+    resp = {"id": rid, "object": "response", "created_at": int(created),
+            "completed_at": None, "status": "in_progress", "model": model, "output": [],
+            "usage": None}  # fmt: skip
+    return spec_shaped(resp, request, created)
+
+
+# What the OpenResponses specification's ResponseResource requires besides what the
+# answer itself holds (tests/fixtures/openresponses/), each with its default: the
+# request's value where it has one that is not null, else this. Nullable fields default
+# to None; the rest to the API's own default.
+_ECHO_DEFAULTS = (
+    ("previous_response_id", None),
+    ("instructions", None),
+    ("tool_choice", "auto"),
+    ("truncation", "disabled"),
+    ("parallel_tool_calls", True),
+    ("temperature", 1.0),
+    ("top_p", 1.0),
+    ("presence_penalty", 0.0),
+    ("frequency_penalty", 0.0),
+    ("top_logprobs", 0),
+    ("user", None),
+    ("max_output_tokens", None),
+    ("max_tool_calls", None),
+    ("store", True),
+    ("background", False),
+    ("service_tier", "default"),
+    ("safety_identifier", None),
+    ("prompt_cache_key", None),
+)
+
+
+def spec_shaped(resp: dict, request: dict, now: float | None = None) -> dict:
+    """`resp` (a response object, changed in place and returned) with every field the
+    OpenResponses ResponseResource requires: what the answer says where it says it, else
+    the request's value, else the default. llama-server's own answers carry only id,
+    object, times, status, model, output and usage, and clients that validate refuse
+    them. Cheap: a few dict lookups, for whole answers and a stream's last event only."""
+    resp.setdefault("incomplete_details", None)
+    resp.setdefault("error", None)
+    for name, default in _ECHO_DEFAULTS:
+        if resp.get(name) is None:
+            value = request.get(name)
+            resp[name] = default if value is None else value
+    resp["object"] = "response"
+    now = time.time() if now is None else now
+    if not isinstance(resp.get("created_at"), int):
+        resp["created_at"] = int(resp.get("created_at") or now)
+    resp.setdefault("status", "completed")
+    if "completed_at" not in resp:
+        resp["completed_at"] = int(now) if resp["status"] == "completed" else None
+    resp.setdefault("model", request.get("model", ""))
+    if not isinstance(resp.get("output"), list):
+        resp["output"] = []
+    if resp.get("metadata") is None:
+        resp["metadata"] = request.get("metadata") or {}
+    tools = resp.get("tools") if isinstance(resp.get("tools"), list) else request.get("tools")
+    resp["tools"] = [_tool_echo(t) for t in tools or []]
+    text = resp.get("text") if isinstance(resp.get("text"), dict) else request.get("text")
+    resp["text"] = {**(text or {}), "format": (text or {}).get("format") or {"type": "text"}}
+    reasoning = resp.get("reasoning") or request.get("reasoning")
+    resp["reasoning"] = (
+        {**reasoning, "effort": reasoning.get("effort"), "summary": reasoning.get("summary")}
+        if isinstance(reasoning, dict)
+        else None
+    )
+    if isinstance(resp.get("usage"), dict):
+        resp["usage"] = _usage_echo(resp["usage"])
+    else:
+        resp["usage"] = None
+    return resp
+
+
+def _tool_echo(tool):
+    """A function tool as the response object lists it: description, parameters and
+    strict said, null where the request left them out."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    return {"description": None, "parameters": None, "strict": None, **tool}
+
+
+def _usage_echo(usage: dict) -> dict:
+    i, o = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
     return {
-        "id": rid,
-        "object": "response",
-        "created_at": int(created),
-        "status": "in_progress",
-        "error": None,
-        "incomplete_details": None,
-        "instructions": request.get("instructions"),
-        "max_output_tokens": request.get("max_output_tokens"),
-        "model": model,
-        "output": [],
-        "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "previous_response_id": request.get("previous_response_id"),
-        "store": request.get("store", True),
-        "temperature": request.get("temperature"),
-        "text": request.get("text") or {"format": {"type": "text"}},
-        "tool_choice": request.get("tool_choice", "auto"),
-        "tools": request.get("tools") or [],
-        "top_p": request.get("top_p"),
-        "truncation": request.get("truncation", "disabled"),
-        "usage": None,
-        "user": request.get("user"),
-        "metadata": request.get("metadata") or {},
+        **usage,
+        "input_tokens": i,
+        "output_tokens": o,
+        "total_tokens": usage.get("total_tokens") or i + o,
+        "input_tokens_details": usage.get("input_tokens_details") or {"cached_tokens": 0},
+        "output_tokens_details": usage.get("output_tokens_details") or {"reasoning_tokens": 0},
     }
 
 
@@ -217,6 +284,7 @@ def _finish(resp: dict, finish: str | None, usage: dict | None) -> dict:
         resp["incomplete_details"] = {"reason": "max_output_tokens"}
     else:
         resp["status"] = "completed"
+        resp["completed_at"] = int(time.time())
     return resp
 
 

@@ -1,15 +1,18 @@
 """The Responses API's own endpoints and its state on the request path: a request with
 previous_response_id is expanded into the whole conversation before it goes to any
 engine (so it is stateless there, native or translated), and the answer is kept when
-`store` is true. GET, DELETE and input_items of /v1/responses/{id} answer only the key
-that made the response: any other gets 404, never the content."""
+`store` is true, with its own turn only. Every answer, native or translated, whole or as
+a stream's `response.completed`, is made to carry what the OpenResponses response
+object requires (`responses.spec_shaped`). GET, DELETE and input_items of
+/v1/responses/{id} answer only the key that made the response: any other gets 404,
+never the content."""
 
 import json
 import time
 
 from llmgw_router import meter, responses, sse
 from llmgw_router.conversations import Conversations, Saved
-from llmgw_router.errors import ApiError
+from llmgw_router.errors import ApiError, ChainBroken, ChainTooLong
 from llmgw_router.exchange import Answer, json_answer
 from llmgw_router.proxy import request_id
 
@@ -24,10 +27,49 @@ def not_found(response_id: str, param: str | None = None) -> ApiError:
     )
 
 
+def conversation(chain: list[Saved]) -> list[dict]:
+    """The items a chain of responses (newest first) was given and answered, oldest
+    first, as the next turn's input. Instructions are not carried over (as OpenAI's API
+    does it): each request's own."""
+    items: list = []
+    for saved in reversed(chain):
+        items += saved.context + saved.input + responses.history(saved.body.get("output") or [])
+    return items
+
+
+async def _chain(request, key, response_id: str, most: int, param: str | None) -> list[Saved]:
+    """The caller's response `response_id` and those it continues, newest first;
+    ApiError (404, 400) if there is none or the conversation cannot be rebuilt."""
+    convs: Conversations = request.app["conversations"]
+    try:
+        chain = await convs.chain(response_id, key.id, most)
+    except ChainBroken as e:
+        raise ApiError(
+            404,
+            f"Response '{e.response_id}' continues response '{e.missing}', which was "
+            "deleted: the conversation before it cannot be rebuilt.",
+            "invalid_request_error",
+            "response_not_found",
+            param=param,
+        ) from None
+    except ChainTooLong as e:
+        raise ApiError(
+            400,
+            f"The conversation up to response '{e.response_id}' has more than {e.most} "
+            "stored responses, the most this server continues: start a new one, with what "
+            "it needs as its input.",
+            "invalid_request_error",
+            "conversation_too_long",
+            param=param,
+        ) from None
+    if chain is None:
+        raise not_found(response_id, param)
+    return chain
+
+
 async def _expand(request, key, payload: dict):
     """Put the conversation before previous_response_id into `payload["input"]`:
-    (previous id, this request's own input, the context); ApiError if it cannot be."""
-    convs: Conversations = request.app["conversations"]
+    (previous id, this request's own input); ApiError if it cannot be."""
     prev_id = payload.pop("previous_response_id", None)
     mine = responses.items(payload["input"])
     context: list = []
@@ -40,13 +82,10 @@ async def _expand(request, key, payload: dict):
                 "invalid_type",
                 param="previous_response_id",
             )
-        prev = await convs.get(prev_id, key.id)
-        if prev is None:
-            raise not_found(prev_id, "previous_response_id")
-        # Instructions are not carried over (as OpenAI's API does it): each request's own.
-        context = prev.context + prev.input + responses.history(prev.body.get("output") or [])
+        most = request.app["conversations"].chain_max
+        context = conversation(await _chain(request, key, prev_id, most, "previous_response_id"))
     payload["input"] = context + mine
-    return prev_id, mine, context
+    return prev_id, mine
 
 
 async def prepare_count(request, key, payload: dict) -> None:
@@ -68,12 +107,13 @@ async def prepare(request, key, payload: dict) -> None:
             "invalid_type",
             param="store",
         )
-    prev_id, mine, context = await _expand(request, key, payload)
+    prev_id, mine = await _expand(request, key, payload)
     model = payload["model"]
 
     def on_answer(data: bytes) -> bytes | None:
         """The whole answer, or a stream's last block: keep the response, and say in it
-        what the engine could not know (it never saw previous_response_id or store)."""
+        what the engine could not know (it never saw previous_response_id or store) and
+        what the specification requires that the engine left out."""
         whole = data.lstrip().startswith(b"{")
         final = None
         if whole:
@@ -83,6 +123,7 @@ async def prepare(request, key, payload: dict) -> None:
             obj = final[3].get("response") if final is not None else None
         if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
             return None
+        obj = responses.spec_shaped(obj, payload)
         obj["previous_response_id"], obj["store"] = prev_id, store
         if store:
             convs.put(
@@ -93,7 +134,7 @@ async def prepare(request, key, payload: dict) -> None:
                     obj.get("model") or model,
                     prev_id,
                     mine,
-                    context,
+                    [],
                     obj,
                 )
             )
@@ -169,9 +210,14 @@ def input_item(item: dict, n: int, response_id: str) -> dict:
 
 async def input_items(request) -> Answer:
     rid = request_id(request)
-    saved = await _mine(request)  # ApiError: answered by the transport
+    key = request.app["proxy"].authorise(request)
+    response_id = request.match_info["response_id"]
+    most = request.app["conversations"].chain_max + 1  # the response, and those it continues
+    chain = await _chain(request, key, response_id, most, None)  # ApiError: the transport's
+    saved = chain[0]
     # Everything the model was given as input: the conversation before, then its own.
-    listed = [input_item(it, n, saved.id) for n, it in enumerate(saved.context + saved.input)]
+    given = conversation(chain[1:]) + saved.context + saved.input
+    listed = [input_item(it, n, saved.id) for n, it in enumerate(given)]
     if request.query.get("order", "desc") != "asc":
         listed.reverse()
     after = request.query.get("after")

@@ -407,6 +407,23 @@ def m015_responses(db: peewee.Database) -> None:
     )
 
 
+def m016_responses_chain(db: peewee.Database) -> None:
+    """responses as a chain: each row keeps its own turn (its input and the answer) and
+    the id of the response it continues, no longer a copy of the whole conversation
+    before it, which grew with the square of a conversation's length. A row whose
+    previous response is stored drops its copy (walking the chain back rebuilds it). A
+    row whose previous one is gone (deleted, pruned) keeps its copy and ends its chain:
+    previous_id NULL (its body still says previous_response_id), so it can still be
+    continued as before. The index finds the responses that continue one, for pruning."""
+    run(
+        db,
+        "CREATE INDEX storedresponse_previous_id ON responses (previous_id)",
+        "UPDATE responses SET context = '[]' WHERE previous_id IN (SELECT id FROM responses)",
+        """UPDATE responses SET previous_id = NULL
+            WHERE previous_id IS NOT NULL AND previous_id NOT IN (SELECT id FROM responses)""",
+    )
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -423,6 +440,7 @@ MIGRATIONS = [
     m013_node_access,
     m014_usage_api,
     m015_responses,
+    m016_responses_chain,
 ]
 
 

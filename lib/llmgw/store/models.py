@@ -282,15 +282,19 @@ class NodeAccess(BaseModel):
 
 class StoredResponse(BaseModel):
     """A Responses API answer the router keeps (m015), for previous_response_id, GET and
-    input_items; only the key that made it sees it. Pruned with usage.retention_days."""
+    input_items; only the key that made it sees it. Since m016 a chain: each row holds
+    its own turn and the id of the response it continues. Pruned with
+    usage.retention_days, a whole conversation at a time."""
 
     id = peewee.CharField(max_length=100, primary_key=True)
     key_id = peewee.CharField(max_length=32)
     created_at = peewee.DoubleField(index=True)
     model = peewee.CharField(max_length=200)
-    previous_id = peewee.CharField(max_length=100, null=True)
-    input = peewee.TextField()  # this request's input items (JSON)
-    context = peewee.TextField()  # the conversation's items before them (JSON)
+    # The stored response this one continues; NULL for a conversation's first, and for
+    # one stored before m016 whose previous was already gone (`context` holds it).
+    previous_id = peewee.CharField(max_length=100, null=True, index=True)
+    input = peewee.TextField()  # this request's own input items (JSON)
+    context = peewee.TextField()  # the conversation before it that no row holds (JSON)
     body = peewee.TextField()  # the response object as answered (JSON)
 
     class Meta:

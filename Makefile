@@ -48,7 +48,7 @@ docs: install
 
 bench: install
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
-	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS))
+	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS)) $(if $(BASE),--baseline $(BASE))
 	$(BIN)/python bench/connections.py
 	$(BIN)/python bench/scheduler.py $(if $(BASE),--baseline $(BASE))
 	$(BIN)/python bench/cold_start.py

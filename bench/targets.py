@@ -388,6 +388,7 @@ general_settings:
 class Router(Target):
     name = "llmgw"
     label = "llmgw-router (keys, usage, metrics)"
+    bin = VENV_BIN  # where its llmgw and llmgw-router are
 
     def start(self) -> None:
         work = WORK / self.name  # each its own store and config
@@ -405,10 +406,10 @@ class Router(Target):
         )
         env = clean_env(LLMGW_CONFIG=str(config), LLMGW_STORE=f"sqlite:///{self.db}")
         self.api_key = self.make_key(env)
-        out = subprocess.run([str(VENV_BIN / "llmgw-router"), "--version"], capture_output=True,
+        out = subprocess.run([str(self.bin / "llmgw-router"), "--version"], capture_output=True,
                              text=True, env=env)  # fmt: skip
         self.version = out.stdout.strip().split()[-1] if out.stdout.strip() else ""
-        self.proc = spawn([str(VENV_BIN / "llmgw-router"), "--config", str(config)],
+        self.proc = spawn([str(self.bin / "llmgw-router"), "--config", str(config)],
                           self.log, self.cpu, env=env)  # fmt: skip
         wait_ready(f"http://127.0.0.1:{self.port}/ready", self.proc, self.log, 30, "llmgw-router")
 
@@ -416,7 +417,7 @@ class Router(Target):
     router_extra = ""  # more keys in its [router] section
 
     def llmgw(self, env: dict, *args: str) -> str:
-        out = subprocess.run([str(VENV_BIN / "llmgw"), *args, "--store"], capture_output=True,
+        out = subprocess.run([str(self.bin / "llmgw"), *args, "--store"], capture_output=True,
                              text=True, env=env)  # fmt: skip
         if out.returncode != 0:
             raise Skip(f"llmgw {' '.join(args[:2])} failed: {out.stderr.strip()[-500:]}")
@@ -551,4 +552,97 @@ class EveryLevelRouter(LimitedRouter):
     every_level = True
 
 
-PEERS = {"nginx": Nginx, "litellm": LiteLLM}
+class RustRouter(Target):
+    """A Rust router a user would put in front of vLLM instead (`make bench` installs it:
+    the `bench` extra), round-robin over the one fake engine, bound to loopback."""
+
+    dist = ""  # its PyPI name and executable
+    launch: tuple[str, ...] = ()  # a subcommand before the options
+
+    def start(self) -> None:
+        import importlib.metadata
+
+        binary = VENV_BIN / self.dist
+        try:
+            self.version = importlib.metadata.version(self.dist)
+        except importlib.metadata.PackageNotFoundError:
+            binary = None
+        if binary is None or not binary.exists():
+            raise Skip(f"{self.dist} is not installed (pip install -e '.[bench]')")
+        self.port = free_port()
+        cmd = [str(binary), *self.launch, "--worker-urls", self.engine.url,
+               "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(self.port),
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
+        self.proc = spawn(cmd, self.log, self.cpu, cwd=WORK)
+        wait_ready(f"http://127.0.0.1:{self.port}/health", self.proc, self.log, 60, self.dist)
+
+
+class VllmRouter(RustRouter):
+    name = dist = "vllm-router"
+    label = "vllm-router (Rust, round_robin)"
+
+
+class SglangRouter(RustRouter):
+    name = dist = "sglang-router"
+    label = "sglang-router (Rust, round_robin)"
+    launch = ("launch",)
+
+
+class BaselineRouter(Router):
+    """llmgw-router as it was at a git revision (`bench/run.py --baseline REV`): REV's
+    source unpacked under bench/.work, run by this venv's Python (REV's own dependencies
+    are assumed to be this venv's), its ctl making its own store."""
+
+    label = "llmgw-router at the baseline revision"
+
+    def __init__(self, engine: Engine, cpu: int | None, rev: str):
+        self.rev = rev
+        self.name = f"llmgw@{rev}"
+        super().__init__(engine, cpu)
+        self.log = WORK / "llmgw-baseline.log"
+
+    def start(self) -> None:
+        self.bin = checkout(self.rev)
+        super().start()
+        self.version = self.rev
+
+
+# The packages a revision's source holds, and where (pyproject's package-dir).
+_PACKAGES = {"llmgw": "lib/llmgw", "llmgw_router": "tools/router", "llmgw_ctl": "tools/ctl"}
+_SCRIPTS = {"llmgw": "llmgw_ctl.main:cli", "llmgw-router": "llmgw_router.main:main"}
+
+
+def checkout(rev: str) -> Path:
+    """REV's source under bench/.work/baseline/SHA (git archive, made once), and a bin
+    directory of its llmgw and llmgw-router that import it ahead of this checkout."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise Skip(f"--baseline {rev}: not a commit here ({getattr(e, 'stderr', e)})") from None
+    home = WORK / "baseline" / sha
+    src, shim, bin_dir = home / "src", home / "shim", home / "bin"
+    if not (home / ".made").exists():
+        shutil.rmtree(home, ignore_errors=True)
+        src.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", sha], cwd=ROOT, capture_output=True,
+                                 check=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        shim.mkdir()
+        for package, where in _PACKAGES.items():
+            (shim / package).symlink_to(src / where)
+        bin_dir.mkdir()
+        for script, entry in _SCRIPTS.items():
+            module, func = entry.split(":")
+            path = bin_dir / script
+            path.write_text(
+                f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(shim)!r})\n"
+                f"from {module} import {func}\nsys.exit({func}())\n"
+            )
+            path.chmod(0o755)
+        (home / ".made").touch()
+    return bin_dir
+
+
+PEERS = {"nginx": Nginx, "litellm": LiteLLM, "vllm-router": VllmRouter,
+         "sglang-router": SglangRouter}  # fmt: skip

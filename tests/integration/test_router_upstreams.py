@@ -1,6 +1,9 @@
 """Failing engines: retries, cooldowns, errors mid-stream, and clients that leave."""
 
 import json
+import re
+import socketserver
+import threading
 import time
 
 import openai
@@ -20,6 +23,84 @@ def usage_rows(router):
         return list(Usage.select().order_by(Usage.at))
     finally:
         db.close()
+
+
+class RawEngine:
+    """An engine that answers every request with the same bytes, then closes: for answers
+    no real engine gives."""
+
+    def __init__(self, reply: bytes):
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    line = self.rfile.readline()
+                    if not line:
+                        return
+                    head += line
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                if length:
+                    self.rfile.read(int(length.group(1)))
+                self.wfile.write(reply)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def raw_engine():
+    engines = []
+
+    def make(reply: bytes) -> RawEngine:
+        engines.append(RawEngine(reply))
+        return engines[-1]
+
+    yield make
+    for e in engines:
+        e.close()
+
+
+def test_an_engine_that_breaks_http_framing_gets_the_client_a_clean_502(make_router, raw_engine):
+    bad = raw_engine(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"4\r\n{}{}\r\n0\r\n\r\n"
+    )
+    router = make_router([bad.url])
+    resp = router.post("/v1/chat/completions", CHAT)
+    assert resp.status_code == 502
+    error = resp.json()["error"]
+    assert error["code"] == "upstream_unavailable" and "malformed" in error["message"]
+    assert 'llmgw_router_upstream_errors_total{endpoint="e0",kind="protocol"} 1.0' in (
+        router.metrics()
+    )
+    assert "Traceback" not in router.proc.log()
+
+
+def test_a_stream_whose_engine_breaks_http_mid_way_ends_with_an_error_event(
+    make_router, raw_engine
+):
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    bad = raw_engine(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n" % (len(event), event)
+        + b"not-a-size\r\n"
+    )
+    router = make_router([bad.url])
+    with router.post("/v1/chat/completions", {**CHAT, "stream": True}, stream=True) as resp:
+        assert resp.status_code == 200
+        events = [line for line in resp.iter_lines() if line.startswith(b"data: ")]
+    assert b'"hi"' in events[0]
+    assert "malformed" in json.loads(events[-1][6:])["error"]["message"]
+    rows = eventually(lambda: usage_rows(router), what="a usage row")
+    assert rows[-1].status == 502
+    assert "Traceback" not in router.proc.log()
 
 
 def test_a_refused_connection_is_retried_on_another_endpoint(make_router, engine):

@@ -1,11 +1,19 @@
-"""A small HTTP/1.1 client for talking to engines, on plain asyncio protocols.
+"""A small HTTP/1.1 client for talking to engines, on plain asyncio protocols and llhttp
+(through httptools, as the router's own server parses requests).
 
 The router's profile showed aiohttp's client costing more CPU per request than the
 rest of the request path together. Engines speak simple HTTP/1.1 (a JSON body with
 Content-Length, or a chunked SSE stream), so this client does just that: one write per
-request, a parser that hands body pieces to the caller as they arrive, kept-alive
+request, llhttp's callbacks handing body pieces to the caller as they arrive, kept-alive
 connections per endpoint, and one sweep for every request's deadline (a timer per
 request cost more than the deadline was worth: it is checked to within a second).
+
+What llhttp decides, and so this client: interim answers (100, 103) are passed over
+for the one that follows; 204 and 304 have no body whatever their Content-Length says;
+a body with neither Content-Length nor chunked framing runs to the connection's close;
+a response that breaks HTTP/1.1's framing rules (Content-Length with chunked, two
+Content-Lengths, a bad chunk size, a header line without a colon) is a protocol error,
+never guessed at. llhttp cannot know a response answers HEAD, so this client sends none.
 
     pool = Pool(connect_timeout=3, total_timeout=600)
     resp = await pool.request(origin, b"POST /v1/completions HTTP/1.1\\r\\n...", body)
@@ -19,6 +27,8 @@ import collections
 import errno
 import ssl as ssl_module
 from urllib.parse import urlsplit
+
+import httptools
 
 
 class UpstreamError(Exception):
@@ -71,13 +81,22 @@ class Origin:
 
 # Bytes of body waiting for the caller before we stop reading from the engine.
 _HIGH_WATER = 1 << 20
+# A response head larger than this is refused (llhttp itself sets no bound).
+_MAX_HEAD = 65536
+
+
+class _Stray(Exception):
+    """The engine began another response after the one asked for had ended."""
 
 
 class Connection(asyncio.Protocol):
+    """One connection to an engine. llhttp (httptools) parses its responses, one after
+    another for the connection's life; the callbacks below only note what it found."""
+
     __slots__ = (
-        "origin", "transport", "buf", "state", "status", "headers", "remaining", "chunked",
-        "keep_alive", "pieces", "buffered", "paused", "waiter", "error", "got_bytes",
-        "complete", "head", "counted", "deadline", "loop", "sink",
+        "origin", "transport", "parser", "fields", "head_bytes", "headed", "got", "status",
+        "headers", "keep_alive", "until_close", "pieces", "buffered", "paused", "waiter",
+        "error", "got_bytes", "complete", "head", "counted", "deadline", "loop", "sink",
     )  # fmt: skip
 
     def __init__(self, origin: Origin):
@@ -87,23 +106,25 @@ class Connection(asyncio.Protocol):
         self.counted = False  # holds one of its origin's places (Pool.max_conns)
         self.deadline = 0.0  # when the request under way times out (Pool's sweep)
         self.loop = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.got: list[bytes] = []  # body pieces parsed from the read being handled
         self._reset()
 
     def _reset(self) -> None:
-        self.buf = b""
-        self.state = "head"
+        self.fields: list = []
+        self.head_bytes = 0
+        self.headed = False  # the final response's head is in
         self.status = 0
         self.headers: dict[str, str] = {}
-        self.remaining = -1  # body bytes still due (Content-Length), -1 unknown
-        self.chunked = False
         self.keep_alive = True
+        self.until_close = False  # the body is delimited by the connection closing
         self.pieces: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.paused = False
         self.waiter: asyncio.Future | None = None
         self.got_bytes = False
         self.complete = False
-        self.head: asyncio.Future | None = None
+        self.head: asyncio.Future | None = None  # set while a request is under way
         # Set while the caller takes the body as it comes (push): each piece is handed
         # to it from data_received, with no task woken for it.
         self.sink = None
@@ -121,107 +142,91 @@ class Connection(asyncio.Protocol):
             self.counted = False
             self.origin.closed_one()
         if not self.complete:
-            if self.state == "body" and self.remaining < 0 and not self.chunked:
-                self._done()  # a body that runs until the connection closes
+            if self.until_close:
+                # httptools has no llhttp_finish(): the close that ends such a body is
+                # ours to see.
+                self.complete = True
+                self._wake()
             else:
-                what = "before answering" if self.state == "head" else "mid-response"
+                what = "mid-response" if self.headed else "before answering"
                 self._fail(UpstreamError("closed", f"engine closed the connection {what}"))
 
     def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        self.buf = self.buf + data if self.buf else data
-        try:
-            if self.state == "head":
-                self._parse_head()
-            if self.state == "body":
-                self._parse_body()
-        except (ValueError, IndexError):
-            self._fail(UpstreamError("protocol", "engine sent a malformed HTTP response"))
-            if self.transport:
-                self.transport.abort()
-
-    # -- parsing -----------------------------------------------------------------------
-
-    def _parse_head(self) -> None:
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.buf) > 65536:
-                raise ValueError("header too large")
-            return
-        lines = self.buf[:end].decode("latin-1").split("\r\n")
-        self.buf = self.buf[end + 4 :]
-        version, status, *_ = lines[0].split(" ", 2)
-        self.status = int(status)
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        self.headers = headers
-        if headers.get("connection", "").lower() == "close" or version == "HTTP/1.0":
+        if self.head is None or self.complete:
+            # Nothing was asked, or the answer has ended: whatever this is, it is no
+            # answer to the next request, so the connection is not used again.
             self.keep_alive = False
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self.chunked = True
-        elif "content-length" in headers:
-            self.remaining = int(headers["content-length"])
-        elif self.status in (204, 304) or 100 <= self.status < 200:
-            self.remaining = 0
-        else:
-            self.keep_alive = False  # read until close
-        self.state = "body"
-        if self.head is not None and not self.head.done():
-            self.head.set_result(None)
-
-    def _parse_body(self) -> None:
-        if self.chunked:
-            self._parse_chunks()
-        elif self.remaining >= 0:
-            if self.buf:
-                take = self.buf[: self.remaining]
-                self.buf = self.buf[self.remaining :]
-                self.remaining -= len(take)
-                if take:
-                    self._deliver(take)
-            if self.remaining == 0:
-                self._done()
-        elif self.buf:
-            self._deliver(self.buf)
-            self.buf = b""
-
-    def _parse_chunks(self) -> None:
-        """Every whole chunk in the buffer, handed on together (one wake-up, not one a
-        chunk: an engine's burst of events is relayed as one piece anyway)."""
-        got: list[bytes] = []
-        ended = False
+            if self.head is None:
+                self.close()
+            return
+        self.got_bytes = True
         try:
-            ended = self._take_chunks(self.buf, got)
-        finally:  # what was whole before a malformed chunk still goes on
-            if got:
-                self._deliver(got[0] if len(got) == 1 else b"".join(got))
-        if ended:
-            self._done()
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            failed = "engine switched protocols"
+        except (httptools.HttpParserError, httptools.HttpParserCallbackError) as e:
+            failed = f"engine sent a malformed HTTP response ({e})"
+        else:
+            failed = None
+            if not self.headed:
+                self.head_bytes += len(data)
+                if self.head_bytes > _MAX_HEAD:
+                    failed = "engine sent a response head over 64 KiB"
+        got = self.got
+        if got:  # every piece of this read handed on together: one wake-up, one write
+            self._deliver(got[0] if len(got) == 1 else b"".join(got))
+            got.clear()
+        if failed is not None and not self.complete:
+            self._fail(UpstreamError("protocol", failed))
+            self.close()
+        elif self.complete:
+            if failed is not None:
+                self.keep_alive = False  # bytes after the answer (_Stray, or garbage)
+            self._wake()
 
-    def _take_chunks(self, buf: bytes, got: list) -> bool:
-        """Whole chunks' data into `got`; True once the last chunk has come."""
-        pos = 0
-        while True:
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            size = int(buf[pos:eol].split(b";", 1)[0], 16)
-            if size == 0:
-                # The last chunk, then optional trailers, then an empty line.
-                end = buf.find(b"\r\n\r\n", eol)
-                if end < 0:
-                    break
-                self.buf = buf[end + 4 :]
-                return True
-            start = eol + 2
-            if len(buf) < start + size + 2:
-                break
-            got.append(buf[start : start + size])
-            pos = start + size + 2
-        self.buf = buf[pos:]
-        return False
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _Stray()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # Kept as they come, decoded together once the head is in; after the head
+        # (chunked trailers) they are not read.
+        self.fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        status = parser.get_status_code()
+        fields, self.fields = self.fields, []
+        if status < 200:
+            return  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+        self.status = status
+        # llhttp keeps a value's trailing whitespace; the names are lower-cased for the
+        # caller (last one wins, as before).
+        self.headers = headers = {n.decode("latin-1").lower(): v.decode("latin-1").rstrip()
+                                  for n, v in fields}  # fmt: skip
+        self.headed = True
+        if not parser.should_keep_alive():
+            self.keep_alive = False
+            # llhttp reads such a body to the connection's end (no llhttp_finish()
+            # here to end it: connection_lost does).
+            te = headers.get("transfer-encoding", "")
+            self.until_close = "content-length" not in headers and (
+                te.rsplit(",", 1)[-1].strip().lower() != "chunked"
+            )
+        head = self.head
+        if not head.done():
+            head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.got.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.headed:
+            self.complete = True
+
+    # -- handing pieces on ----------------------------------------------------------
 
     def _deliver(self, piece: bytes) -> None:
         sink = self.sink
@@ -233,11 +238,6 @@ class Connection(asyncio.Protocol):
         if self.buffered > _HIGH_WATER and not self.paused and self.transport:
             self.paused = True
             self.transport.pause_reading()
-        self._wake()
-
-    def _done(self) -> None:
-        self.complete = True
-        self.state = "done"
         self._wake()
 
     def _fail(self, err: UpstreamError) -> None:
@@ -291,7 +291,6 @@ class Connection(asyncio.Protocol):
         return (
             self.complete
             and self.keep_alive
-            and not self.buf
             and self.error is None
             and self.transport is not None
             and not self.transport.is_closing()

@@ -16,23 +16,12 @@ token and the scheduler's key must not cross the network in the clear.
 import time
 from pathlib import Path
 
-from llmgw import audit, bus, jointokens, log
+from llmgw import bus, jointokens
 from llmgw.errors import Conflict
+from llmgw.operators import Who
 from llmgw.store import BusPeer
 
-_log = log.get("llmgw.scheduler.admin")
-
 JOIN_TOKEN = "join-token"  # the audit log's actor for a node that joined with one
-
-
-def _audit(action: str, target: str, client: str, **detail) -> None:
-    """As the admin API's changes are, with the join token as the actor."""
-    _log.info("admin_change", action=action, target=target or None, actor=JOIN_TOKEN,
-              client=client, **detail)  # fmt: skip
-    try:
-        audit.record(action, JOIN_TOKEN, client, target, **detail)
-    except Exception as e:  # the store is down: the journal keeps it
-        _log.error("audit_write_failed", action=action, target=target, reason=str(e)[:200])
 
 
 def _ca_pem(h) -> str:
@@ -48,63 +37,55 @@ def _ca_pem(h) -> str:
     return ca.read_text()
 
 
-def public_get(h, parts: list[str]) -> bool:
-    if parts != ["v1", "join", "ca"]:
-        return False
-    h._send(200, {"ca": _ca_pem(h)})
-    return True
+def ca(h):
+    return 200, {"ca": _ca_pem(h)}
 
 
-def public_post(h, parts: list[str]) -> bool:
-    """POST /v1/join: authenticated by the join token in the body, not an operator's."""
-    if parts != ["v1", "join"]:
-        return False
-    _ca_pem(h)  # never over plain HTTP
-    body = h._body()
-    if body is None:
-        return True
-    public = jointokens.check_public_key(body.get("public_key"))
-    client = h.client_address[0]
+def authenticate(h) -> Who:
+    """The join token in the body, redeemed once: HTTPS only (the token must not cross
+    the network in the clear), and the public key checked first so that a bad one does
+    not use the token up. A refusal is audited and answered 403 with its reason."""
+    _ca_pem(h)
+    body = h.json_body()
+    h.public_key = jointokens.check_public_key(body.get("public_key"))
     try:
-        row = jointokens.redeem(str(body.get("token") or ""), time.time(), client)
+        h.joined = jointokens.redeem(str(body.get("token") or ""), time.time(), h.client_address[0])
     except jointokens.TokenRefused as e:
-        _audit("nodes.join_refused", "", client, reason=e.code)
+        h.audit("", action="nodes.join_refused", reason=e.code)
         raise
-    name = row.node
+    return Who(JOIN_TOKEN, "node")
+
+
+def join(h):
+    """POST /v1/join, once `authenticate` has redeemed the token: register the node's
+    own public key; answer its name, the scheduler's public key and the bus port."""
+    name, public = h.joined.node, h.public_key
     jointokens.refuse_taken(name, BusPeer.get_or_none(BusPeer.name == name) is not None)
     BusPeer.create(name=name, kind="agent", public_key=public, created_at=time.time())
-    _audit("nodes.join", name, client, public_key=public[:8])
+    h.audit(name, public_key=public[:8])
     curve = Path(h.cfg.curve_dir())
     bus.create_keypair(curve, bus.SCHEDULER)
-    h._send(201, {
+    return 201, {
         "name": name,
         "scheduler_key": (curve / f"{bus.SCHEDULER}.key").read_text(),
         "bus_port": int(h.cfg.scheduler.bus.rpartition(":")[2]),
         "ca": _ca_pem(h),
-    })  # fmt: skip
-    return True
+    }
 
 
-def post(h, parts: list[str]) -> bool:
+def join_token(h, name: str):
     """POST /v1/nodes/NAME/join-token (an operator's)."""
-    if len(parts) != 4 or parts[:2] != ["v1", "nodes"] or parts[3] != "join-token":
-        return False
-    body = h._body()
-    if body is None:
-        return True
-    name = parts[2]
     ca = _ca_pem(h)
-    ttl = body.get("ttl_s", 3600)
+    ttl = h.body.get("ttl_s", 3600)
     if not isinstance(ttl, int | float) or isinstance(ttl, bool):
         ttl = -1
     jointokens.refuse_taken(name, BusPeer.get_or_none(BusPeer.name == name) is not None)
     row, token = jointokens.create(name, float(ttl), time.time())
     fp = jointokens.fingerprint(ca)
     url = h.sched.commands.mirror_url  # this scheduler's admin URL, as nodes reach it
-    h._change("nodes.join_token", name, expires_at=row.expires_at, ttl_s=ttl)
-    h._send(201, {
+    h.audit(name, expires_at=row.expires_at, ttl_s=ttl)
+    return 201, {
         "node": name, "token": token, "expires_at": row.expires_at, "url": url,
         "ca_sha256": fp,
         "command": f"llmgw-agentd join {url} {token} --ca-sha256 {fp}",
-    })  # fmt: skip
-    return True
+    }  # fmt: skip

@@ -23,9 +23,11 @@ import threading
 import time
 
 from llmgw import log, mirror
-from llmgw.errors import Invalid
+from llmgw.errors import Invalid, NotFound
 from llmgw.mirror import File, Mirror, content_id, files_from
+from llmgw.operators import Who
 from llmgw.store import BusPeer, MirroredWeights
+from llmgw_scheduler.errors import Unauthorized
 
 _log = log.get("llmgw.scheduler.mirror")
 
@@ -37,23 +39,24 @@ def _mirror(h) -> Mirror:
     return Mirror(h.cfg.mirror_dir())
 
 
-def node_get(h, parts: list[str]) -> bool:
-    """A blob for a node; False if the path is not ours (then operators' auth applies)."""
-    if len(parts) != 4 or parts[:3] != ["v1", "mirror", "blobs"]:
-        return False
+def authenticate(h) -> Who:
+    """A registered node's HMAC token; an operator's token is no use here."""
     node = h.headers.get("X-Llmgw-Node", "")
     given = h.headers.get("Authorization", "")
     token = given[7:].strip() if given.startswith("Bearer ") else ""
     secret = h.sched.commands.cluster_secret
     if not node or not mirror.node_token_ok(secret, node, token) or not _registered(node):
-        h._error(401, "unauthorized", "the weights mirror serves registered nodes only")
-        return True
-    path = _mirror(h).blob(parts[3])
+        raise Unauthorized("the weights mirror serves registered nodes only")
+    return Who(node, "node")
+
+
+def blob(h, sha256: str):
+    """A blob for a node, with Range."""
+    path = _mirror(h).blob(sha256)
     try:
         f = open(path, "rb")
     except OSError:
-        h._error(404, "blob_not_found", f"no blob {parts[3]} in the mirror")
-        return True
+        raise NotFound(f"no blob {sha256} in the mirror", "blob_not_found") from None
     with f:
         size = os.fstat(f.fileno()).st_size
         start, end = _range(h.headers.get("Range", ""), size)
@@ -62,7 +65,7 @@ def node_get(h, parts: list[str]) -> bool:
             h.send_header("Content-Range", f"bytes */{size}")
             h.send_header("Content-Length", "0")
             h.end_headers()
-            return True
+            return
         partial = h.headers.get("Range") is not None
         h.send_response(206 if partial else 200)
         h.send_header("Content-Type", "application/octet-stream")
@@ -79,7 +82,6 @@ def node_get(h, parts: list[str]) -> bool:
         except (BrokenPipeError, ConnectionResetError):
             pass  # the node went away; it resumes from what it has
     h.close_connection = True
-    return True
 
 
 def _range(header: str, size: int) -> tuple[int | None, int]:
@@ -101,11 +103,8 @@ def _registered(node: str) -> bool:
     return BusPeer.select().where((BusPeer.name == node) & (BusPeer.kind == "agent")).exists()
 
 
-def get(h, parts: list[str]) -> bool:
-    if parts != ["v1", "weights"]:
-        return False
-    h._send(200, listing(h))
-    return True
+def weights_list(h):
+    return 200, listing(h)
 
 
 def listing(h) -> list[dict]:
@@ -136,33 +135,26 @@ def weights_json(name: str, source: str, row, replicas: int, in_catalog: bool = 
     }  # fmt: skip
 
 
-def _chosen(h, body: dict) -> list[str] | None:
+def _chosen(h) -> list[str]:
     s = h.sched
     with s.lock:
-        if body.get("all") is True:
+        if h.body.get("all") is True:
             return sorted(s.models)
-        names = body.get("models")
+        names = h.body.get("models")
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-            h._error(400, "invalid_value", "say which: models (a list of names), or all")
-            return None
+            raise Invalid("say which: models (a list of names), or all")
         for n in names:
-            s.model(n)  # NotFound, answered by the handler
+            s.model(n)  # NotFound, answered by the dispatcher
     return names
 
 
-def post(h, parts: list[str]) -> bool:
-    if parts not in (["v1", "weights", "pull"], ["v1", "weights", "verify"]):
-        return False
-    body = h._body()
-    if body is None:
-        return True
-    names = _chosen(h, body)
-    if names is None:
-        return True
-    if parts[2] == "verify":
-        h._send(200, [verify(h, n) for n in names])
-        return True
-    # JSON lines as the pull goes: `llmgw weights pull` shows progress from them.
+def weights_verify(h):
+    return 200, [verify(h, n) for n in _chosen(h)]
+
+
+def weights_pull(h):
+    """JSON lines as the pull goes: `llmgw weights pull` shows progress from them."""
+    names = _chosen(h)
     h.send_response(200)
     h.send_header("Content-Type", "application/x-ndjson")
     h.end_headers()
@@ -171,7 +163,6 @@ def post(h, parts: list[str]) -> bool:
         line = _pull_one(h, name)
         h.wfile.write((json.dumps(line) + "\n").encode())
         h.wfile.flush()
-    return True
 
 
 def _pull_one(h, name: str) -> dict:
@@ -228,8 +219,8 @@ def pull(h, name: str) -> dict:
      .on_conflict(conflict_target=[MirroredWeights.model], update=values)
      .execute())  # fmt: skip
     if new:
-        h._change("weights.pull", name, sha256=got, size=size, source=source,
-                  pinned=None if catalog_sha else True)  # fmt: skip
+        h.audit(name, sha256=got, size=size, source=source,
+                pinned=None if catalog_sha else True)  # fmt: skip
     _log.info("weights_pulled", model=name, sha256=got[:12], bytes=size, new=new,
               seconds=round(time.monotonic() - started, 1))  # fmt: skip
     row = MirroredWeights.get(MirroredWeights.model == name)
@@ -253,26 +244,22 @@ def verify(h, name: str) -> dict:
     if bad:
         _log.error("weights_corrupt", model=name,
                    files=",".join(f"{f['name']}:{f['state']}" for f in bad))  # fmt: skip
-        h._change("weights.verify", name, bad=[f["name"] for f in bad])
+        h.audit(name, bad=[f["name"] for f in bad])
     return {"model": name, "state": "ok" if not bad else "bad", "files": files}
 
 
-def delete(h, parts: list[str]) -> bool:
-    if len(parts) != 3 or parts[:2] != ["v1", "weights"]:
-        return False
-    name = parts[2]
+def weights_remove(h, model: str):
+    name = model
     s = h.sched
     with s.lock:
         replicas = sorted(r.id for r in s.inv.of_model(name))
     mirror.refuse_removal(name, replicas)
     row = MirroredWeights.get_or_none(MirroredWeights.model == name)
     if row is None:
-        h._error(404, "weights_not_found", f"no weights of {name} in the mirror")
-        return True
+        raise NotFound(f"no weights of {name} in the mirror", "weights_not_found")
     freed = _mirror(h).remove(files_from(row.files), mirror.used_elsewhere(_manifests(), name))
     MirroredWeights.delete().where(MirroredWeights.model == name).execute()
     with s.lock:
         s.needs.mirrored.pop(name, None)
-    h._change("weights.rm", name, sha256=row.sha256, freed=freed)
-    h._send(200, {"model": name, "removed": True, "freed": freed})
-    return True
+    h.audit(name, sha256=row.sha256, freed=freed)
+    return 200, {"model": name, "removed": True, "freed": freed}

@@ -14,20 +14,11 @@ from llmgw.errors import Invalid, NotFound
 from llmgw.store import NodeAccess
 
 
-def _match(parts: list[str]) -> str | None:
-    if len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] == "access":
-        return parts[2]
-    return None
-
-
 def access_json(row: NodeAccess) -> dict:
     return {"node": row.node, "access": json.loads(row.access), "updated_at": row.updated_at}
 
 
-def get(h, parts: list[str]) -> bool:
-    name = _match(parts)
-    if name is None:
-        return False
+def show(h, name: str):
     row = NodeAccess.get_or_none(NodeAccess.node == name)
     if row is None:
         raise NotFound(
@@ -35,18 +26,11 @@ def get(h, parts: list[str]) -> bool:
             " registered node that upgrades it)",
             code="not_onboarded",
         )
-    h._send(200, access_json(row))
-    return True
+    return 200, access_json(row)
 
 
-def post(h, parts: list[str]) -> bool:
-    name = _match(parts)
-    if name is None:
-        return False
-    body = h._body()
-    if body is None:
-        return True
-    access = body.get("access")
+def record(h, name: str):
+    access = h.body.get("access")
     if not isinstance(access, dict) or not isinstance(access.get("ssh"), str):
         raise Invalid("access must be an object with at least ssh")
     now = time.time()
@@ -55,9 +39,8 @@ def post(h, parts: list[str]) -> bool:
      .on_conflict(conflict_target=[NodeAccess.node],
                   update={NodeAccess.access: text, NodeAccess.updated_at: now})
      .execute())  # fmt: skip
-    h._change("nodes.access", name, ssh=access["ssh"])
-    h._send(200, access_json(NodeAccess.get(NodeAccess.node == name)))
-    return True
+    h.audit(name, ssh=access["ssh"])
+    return 200, access_json(NodeAccess.get(NodeAccess.node == name))
 
 
 def forget(name: str) -> None:

@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from llmgw.human import age
 from llmgw.placement import size
+from llmgw_scheduler.fleet_api import View
 
 COOKIE = "llmgw_admin"
 REFRESH_S = 10
@@ -240,8 +241,11 @@ def _send(handler, status: int, body: str = "", headers: dict | None = None) -> 
     handler.wfile.write(data)
 
 
-def serve(handler, url) -> None:
-    """Answer GET / or /status on the admin API's handler (authentication included)."""
+def authenticate(handler):
+    """The operator behind the request, from a bearer token, the cookie or `?token=`
+    (any role: the page only shows); None once the 401 page or the redirect that drops
+    `?token=` from the address bar is answered."""
+    url = handler.url
     query = parse_qsl(url.query, keep_blank_values=True)
     given = [v for k, v in query if k == "token"]
     if given:
@@ -260,14 +264,16 @@ def serve(handler, url) -> None:
             headers={"Location": location, "Set-Cookie": jar[COOKIE].OutputString()},
         )
     bearer = handler.headers.get("Authorization", "")
-    if not (
-        (bearer.startswith("Bearer ") and handler.identify(bearer[7:].strip()))
-        or handler.identify(_cookie(handler))
-    ):
+    who = (bearer.startswith("Bearer ") and handler.identify(bearer[7:].strip())) or (
+        handler.identify(_cookie(handler))
+    )
+    if not who:
         return _send(handler, 401, UNAUTHORISED)
+    return who
 
-    from llmgw_scheduler.admin import View  # admin imports this module
 
+def serve(handler) -> None:
+    """GET / or /status, once `authenticate` has let the request through."""
     sched = handler.sched
     with sched.lock:
         view = View(sched)

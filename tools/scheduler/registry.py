@@ -1,5 +1,5 @@
-"""The admin API's store-backed resources: API keys, bus peers, the audit log, and (in
-tenancy_api.py) orgs, teams, projects, users, limits, budgets and usage.
+"""The admin API's store-backed resources: API keys, bus peers and the audit log
+(orgs, teams, projects, users, limits, budgets and usage are tenancy_api.py's).
 
 These change the store, not the scheduler's state, so they take no scheduler lock:
 a slow store delays only the operator's command, never a placement pass.
@@ -7,85 +7,52 @@ a slow store delays only the operator's command, never a placement pass.
 
 import time
 from pathlib import Path
-from urllib.parse import parse_qs
 
-from llmgw import apikeys, audit, log, peers, tenancy
-from llmgw.errors import TenancyError
+from llmgw import apikeys, audit, peers, tenancy
+from llmgw.errors import Conflict, Invalid, NotFound
 from llmgw.store import ApiKey
-from llmgw_scheduler import onboarding_api, tenancy_api
-
-_log = log.get("llmgw.scheduler.admin")
+from llmgw_scheduler import onboarding_api
 
 
-def get(h, parts: list[str], query: str) -> bool:
-    """Answer a GET on keys, peers, the audit log or tenancy (tenancy_api.py); False if
-    the path is not ours."""
-    if tenancy_api.get(h, parts, query):
-        return True
-    q = {k: v[-1] for k, v in parse_qs(query).items()}
-    if parts == ["v1", "keys"]:
-        h._send(200, apikeys.listing(q.get("all") in ("1", "true"), time.time()))
-    elif parts == ["v1", "peers"]:
-        kind = q.get("kind", "agent")
-        if kind not in peers.KINDS:
-            h._error(400, "invalid_value", f"kind must be one of {', '.join(peers.KINDS)}")
-        else:
-            h._send(200, peers.listing(kind))
-    elif parts == ["v1", "audit"]:
-        try:
-            limit = min(10_000, max(1, int(q.get("limit", 100))))
-            since = float(q["since"]) if "since" in q else None
-        except ValueError:
-            h._error(400, "invalid_value", "limit and since must be numbers")
-            return True
-        h._send(200, audit.recent(limit, since, q.get("action")))
-    else:
-        return False
-    return True
+def keys_list(h):
+    return 200, apikeys.listing(h.q.get("all") in ("1", "true"), time.time())
 
 
-def post(h, parts: list[str]) -> bool:
-    """Answer a POST that creates keys or peers, revokes keys or changes tenancy; False
-    if not ours."""
-    if tenancy_api.post(h, parts):
-        return True
-    if parts not in (["v1", "keys"], ["v1", "keys", "revoke"], ["v1", "peers"]):
-        return False
-    body = h._body()
-    if body is None:
-        return True
-    if parts == ["v1", "keys"]:
-        _create_key(h, body)
-    elif parts == ["v1", "keys", "revoke"]:
-        _revoke_keys(h, body)
-    else:
-        _add_peer(h, body)
-    return True
+def peers_list(h):
+    return 200, peers.listing(_kind(h))
 
 
-def delete(h, parts: list[str], query: str) -> bool:
-    """DELETE /v1/peers/NAME?kind=agent|router[&force=1]: revoke a peer's key; False if
-    the path is not ours."""
-    if len(parts) != 3 or parts[:2] != ["v1", "peers"]:
-        return False
-    q = {k: v[-1] for k, v in parse_qs(query).items()}
-    name, kind = parts[2], q.get("kind", "agent")
+def _kind(h) -> str:
+    kind = h.q.get("kind", "agent")
     if kind not in peers.KINDS:
-        h._error(400, "invalid_value", f"kind must be one of {', '.join(peers.KINDS)}")
-        return True
-    force = q.get("force") in ("1", "true")
+        raise Invalid(f"kind must be one of {', '.join(peers.KINDS)}")
+    return kind
+
+
+def audit_list(h):
+    q = h.q
+    try:
+        limit = min(10_000, max(1, int(q.get("limit", 100))))
+        since = float(q["since"]) if "since" in q else None
+    except ValueError:
+        raise Invalid("limit and since must be numbers") from None
+    return 200, audit.recent(limit, since, q.get("action"))
+
+
+def peers_remove(h, name: str):
+    """DELETE /v1/peers/NAME?kind=agent|router[&force=1]: revoke a peer's key."""
+    kind = _kind(h)
+    force = h.q.get("force") in ("1", "true")
     if kind == "agent" and not force:
         s = h.sched
         with s.lock:
             held = sorted(r.id for r in s.inv.replicas.values() if r.node == name)
         if held:
-            h._error(409, "node_has_replicas", replicas_refusal(name, held))
-            return True
+            raise Conflict(replicas_refusal(name, held), "node_has_replicas")
     try:
         peer = peers.remove(Path(h.cfg.curve_dir()), name, kind)
     except peers.PeerError as e:
-        h._error(404, "peer_not_found", str(e))
-        return True
+        raise NotFound(str(e), "peer_not_found") from None
     # At once on this scheduler, not at its next refresh from the store (2 s); the other
     # scheduler learns it at its own.
     auth = getattr(h, "bus_auth", None)
@@ -96,9 +63,12 @@ def delete(h, parts: list[str], query: str) -> bool:
         with h.sched.lock:  # forgotten: a node that joins later under this name is new
             if name in h.sched.drained:
                 h.sched.undrain(name)
-    h._change(f"{'nodes' if kind == 'agent' else 'routers'}.remove", name, force=force or None)
-    h._send(200, peers.peer_json(peer))
-    return True
+    h.audit(name, action=f"{_noun(kind)}.remove", force=force or None)
+    return 200, peers.peer_json(peer)
+
+
+def _noun(kind: str) -> str:
+    return "nodes" if kind == "agent" else "routers"
 
 
 def replicas_refusal(name: str, replicas: list[str]) -> str:
@@ -109,60 +79,59 @@ def replicas_refusal(name: str, replicas: list[str]) -> str:
     )
 
 
-def _create_key(h, body: dict) -> None:
+def keys_create(h):
+    body = h.body
     name = body.get("name")
     models = body.get("models", [])
     expires_in = body.get("expires_in")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        return h._error(400, "invalid_value", "name must be a non-empty string")
+        raise Invalid("name must be a non-empty string")
     if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
-        return h._error(400, "invalid_value", "models must be a list of model names")
+        raise Invalid("models must be a list of model names")
     if expires_in is not None and (
         not isinstance(expires_in, int | float) or isinstance(expires_in, bool) or expires_in <= 0
     ):
-        return h._error(400, "invalid_value", "expires_in must be a number of seconds > 0")
-    try:
-        user, project = tenancy.key_owner(body.get("user"), body.get("project"))
-        band = tenancy.check_band(body.get("band"), h.cfg.router.bands if h.cfg else None)
-    except TenancyError as e:
-        status = 404 if e.kind == "not_found" else 400
-        return h._error(status, f"tenancy_{e.kind}", str(e))
+        raise Invalid("expires_in must be a number of seconds > 0")
+    # TenancyError: invalid or not_found, answered by the dispatcher.
+    user, project = tenancy.key_owner(body.get("user"), body.get("project"))
+    band = tenancy.check_band(body.get("band"), h.cfg.router.bands if h.cfg else None)
     now = time.time()
     row, secret = apikeys.create(name.strip(), models, expires_in, now, user, project, band)
-    h._change("keys.create", row.id, name=row.name, models=models or None, expires_in=expires_in,
-              user=user, project=project, band=band or None)  # fmt: skip
-    h._send(201, {**apikeys.key_json(row, now), "secret": secret})
+    h.audit(row.id, name=row.name, models=models or None, expires_in=expires_in,
+            user=user, project=project, band=band or None)  # fmt: skip
+    return 201, {**apikeys.key_json(row, now), "secret": secret}
 
 
-def _revoke_keys(h, body: dict) -> None:
-    ids = body.get("ids")
+def keys_revoke(h):
+    ids = h.body.get("ids")
     if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
-        return h._error(400, "invalid_value", "ids must be a non-empty list of key ids")
+        raise Invalid("ids must be a non-empty list of key ids")
     missing = apikeys.revoke(ids, time.time())
     if missing:
-        return h._error(
-            404, "key_not_found", f"no such key: {', '.join(missing)} (see `llmgw keys list`)"
+        raise NotFound(
+            f"no such key: {', '.join(missing)} (see `llmgw keys list`)", "key_not_found"
         )
     for key_id in ids:
-        h._change("keys.revoke", key_id)
+        h.audit(key_id)
     now = time.time()
     rows = ApiKey.select().where(ApiKey.id.in_(ids))
-    h._send(200, [apikeys.key_json(r, now) for r in rows])
+    return 200, [apikeys.key_json(r, now) for r in rows]
 
 
-def _add_peer(h, body: dict) -> None:
+def peers_add(h):
+    body = h.body
     name, kind = body.get("name"), body.get("kind")
     if not isinstance(name, str) or not isinstance(kind, str):
-        return h._error(400, "invalid_value", "name and kind must be strings")
+        raise Invalid("name and kind must be strings")
     keys_dir = Path(h.cfg.curve_dir())
     try:
         peer = peers.register(keys_dir, name, kind)
     except peers.PeerError as e:
-        status = 409 if "registered" in str(e) else 400
-        return h._error(status, "invalid_peer", str(e))
+        refusal = Conflict if "registered" in str(e) else Invalid
+        raise refusal(str(e), "invalid_peer") from None
     out = peers.peer_json(peer)
     out["key_dir"] = str(keys_dir)
     if body.get("files") is True:
         out["files"] = peers.key_files(keys_dir, name)
-    h._change(f"{'nodes' if kind == 'agent' else 'routers'}.add", name, files=body.get("files"))
-    h._send(201, out)
+    h.audit(name, action=f"{_noun(kind)}.add", files=body.get("files"))
+    return 201, out

@@ -13,16 +13,11 @@ import time
 from llmgw.releases import ReleaseDir
 
 
-def get(h, parts: list[str]) -> bool:
-    if len(parts) == 3 and parts[:2] == ["v1", "releases"]:
-        return _download(h, parts[2])
-    if parts != ["v1", "releases"]:
-        return False
-    h._send(200, [r.json() for r in ReleaseDir(h.cfg.release_dir()).releases()])
-    return True
+def listing(h):
+    return 200, [r.json() for r in ReleaseDir(h.cfg.release_dir()).releases()]
 
 
-def _download(h, filename: str) -> bool:
+def download(h, filename: str):
     """GET /v1/releases/FILENAME: the wheel, for `llmgw nodes onboard` to install."""
     path = ReleaseDir(h.cfg.release_dir()).file(filename)
     with open(path, "rb") as f:
@@ -33,18 +28,15 @@ def _download(h, filename: str) -> bool:
         h.end_headers()
         h.wfile.flush()
         h.connection.sendfile(f, 0, size)
-    return True
 
 
-def post(h, parts: list[str]) -> bool:
-    if len(parts) != 3 or parts[:2] != ["v1", "releases"]:
-        return False
+def publish(h, filename: str):
+    """The body is the wheel's bytes, read here as they come, not parsed."""
     try:
         length = int(h.headers.get("Content-Length") or 0)
     except ValueError:
         length = 0
-    release, new = ReleaseDir(h.cfg.release_dir()).publish(parts[2], h.rfile, length, time.time())
+    release, new = ReleaseDir(h.cfg.release_dir()).publish(filename, h.rfile, length, time.time())
     if new:
-        h._change("release.publish", str(release.version), sha256=release.sha256)
-    h._send(201 if new else 200, {**release.json(), "new": new})
-    return True
+        h.audit(str(release.version), sha256=release.sha256)
+    return 201 if new else 200, {**release.json(), "new": new}

@@ -1,0 +1,300 @@
+"""The admin API's view of the fleet: nodes, models, replicas and restarts as JSON, and
+the changes to them (models, scale, retry, restarts, drains).
+
+Reads take a consistent snapshot under the scheduler's lock; changes are applied under
+the same lock and answered 202 when they take effect on the next pass (a queued change
+is not an error). Each handler is a route's in routes.py.
+"""
+
+from llmgw import lease, topology
+from llmgw.errors import Invalid, NotFound
+from llmgw.placement import place
+from llmgw.states import LIVE, LOST, ShardState
+from llmgw_scheduler.errors import AgentSilent
+
+# How long `llmgw logs` waits for the agent to answer.
+LOGS_WAIT_S = 5.0
+
+
+class View:
+    """The API's JSON shapes, built from the scheduler's state (call under its lock)."""
+
+    def __init__(self, sched):
+        self.s = sched
+
+    def node(self, n) -> dict:
+        # A lost node's last report is no longer the truth: none of its memory or GPUs is
+        # in use by anything that counts, and its replicas are lost (None: not known).
+        return {
+            "name": n.id, "state": "lost" if n.lost else "draining" if n.draining else "up",
+            "cpus": n.cpus,
+            "memory_total": n.memory_total,
+            "memory_available": None if n.lost else n.memory_available,
+            "gpus": [] if n.lost else n.gpus, "engines": n.engines,
+            "replicas": len(self.s.inv.on_node(n.id)),
+            "last_seen": n.last_seen, "version": n.version or None,
+            "disk_total": n.disk_total or None, "disk_free": n.disk_free or None,
+            "fetching": [] if n.lost else n.fetching,
+            "topology": n.topology,
+        }  # fmt: skip
+
+    def nodes(self) -> list[dict]:
+        out = [self.node(n) for n in sorted(self.s.inv.nodes.values(), key=lambda n: n.id)]
+        seen = {n["name"] for n in out}
+        for peer in self.s.registered_nodes:
+            if peer not in seen:
+                out.append({"name": peer, "state": "never seen", "cpus": 0, "memory_total": 0,
+                            "memory_available": 0, "gpus": [], "engines": {}, "replicas": 0,
+                            "last_seen": None, "version": None, "disk_total": None,
+                            "disk_free": None, "fetching": [], "topology": {}})  # fmt: skip
+        return out
+
+    def model(self, m) -> dict:
+        s = self.s
+        state, reason = s.model_status(m.name)
+        lost = s.inv.lost_nodes()
+        mine = [s.inv.state_of(r, lost) for r in s.inv.of_model(m.name)]
+        b = s.backoff.get(m.name)
+        # Replicas on lost nodes count toward nothing: not ready, not among its replicas.
+        return {
+            "name": m.name, "aliases": list(m.aliases), "engine": m.engine_id,
+            "min": m.min, "max": m.max, "desired": s.desired_now(m, s.clock()),
+            "desired_reason": s.desired_why(m.name),
+            "ready": mine.count(ShardState.READY), "replicas": len(mine) - mine.count(LOST),
+            "lost": mine.count(LOST),
+            "state": state, "reason": reason,
+            "failures": b.failures if b else 0,
+            "retry_at": b.next_at if b and b.failures and state == "backoff" else None,
+            "memory": s.needs.need(m).memory,
+        }  # fmt: skip
+
+    def models(self) -> list[dict]:
+        return [self.model(m) for m in self.s.models.values()]
+
+    def replicas(self, model: str | None = None) -> list[dict]:
+        now = self.s.clock()
+        lost = self.s.inv.lost_nodes()
+        return [
+            {"id": r.id, "model": r.model, "node": r.node, "state": self.s.inv.state_of(r, lost),
+             "endpoint": r.endpoint, "since": r.since, "created": r.created, "rss": r.rss,
+             "reason": r.reason,
+             "restart": self.s.restart_state(r.id), "stale": self.stale(r),
+             "idle_s": _round(self.s.idle_s(r, now)),
+             **({"shards": shards} if (shards := self.s.gangs.shards(r.id)) else {})}
+            for r in sorted(self.s.inv.replicas.values() if model is None
+                            else self.s.inv.of_model(model), key=lambda r: (r.model, r.since))
+        ]  # fmt: skip
+
+    def stale(self, r) -> bool:
+        """Started with a profile (engine, source, args...) that has been edited since."""
+        m = self.s.models.get(r.model)
+        return bool(m is not None and r.profile and r.profile != m.profile_hash())
+
+    @staticmethod
+    def restart(job) -> dict:
+        return {
+            "replica": job.replica, "model": job.model, "node": job.node,
+            "state": job.state, "how": job.how or None,
+            "replacement": job.replacement or None, "queued_at": job.queued_at,
+            "since": job.since or None, "reason": job.reason,
+            "max_surge": job.max_surge, "max_unavailable": job.max_unavailable,
+            "in_place": job.in_place,
+        }  # fmt: skip
+
+    def restarts(self) -> list[dict]:
+        return [self.restart(j) for j in self.s.restarts]
+
+    def placement(self, m) -> dict:
+        need = self.s.needs.need(m)
+        p = place(need, self.s.node_views(), explain=True)
+        nodes = self.s.inv.nodes
+
+        def link(n: str) -> str:
+            # Which GPUs a tensor-parallel group would get there, and the link joining them.
+            choice = topology.group_on_node(nodes[n].topology, nodes[n].gpus, need.gpus,
+                                            need.memory)  # fmt: skip
+            return choice.why if choice else ""
+
+        return {
+            "model": m.name,
+            "need": {"memory": need.memory, "gpus": need.gpus, "engine": need.engine},
+            "choice": p.node, "install": p.install,
+            "nodes": [{"name": n, "fits": n not in p.reasons, "reason": p.reasons.get(n, ""),
+                       "gpu_link": link(n)} for n in sorted(nodes)],
+        }  # fmt: skip
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+# -- reads ---------------------------------------------------------------------------
+
+
+def status(h):
+    s = h.sched
+    with s.lock:
+        view = View(s)
+        body = {
+            "nodes": view.nodes(),
+            "models": view.models(),
+            "replicas": view.replicas(),
+            "restarts": [j for j in view.restarts() if j["state"] != "done"],
+            "control_plane": {"name": s.name, "epoch": s.epoch,
+                              "role": "leader" if s.leading() else "standby"},
+        }  # fmt: skip
+    body["control_plane"].update(control_plane(s))
+    return 200, body
+
+
+def control_plane(s) -> dict:
+    """The lease and every scheduler, from the store (outside the scheduler's lock)."""
+    if s.leadership is None:
+        return {}
+    try:
+        held = lease.current(s.leadership.db)
+        peers = lease.schedulers(s.leadership.db)
+    except Exception as e:
+        return {"store_error": str(e)[:200]}
+    leader = None
+    if held is not None and held.expires_in > 0:
+        leader = {"name": held.name, "admin_url": held.admin_url, "epoch": held.epoch,
+                  "expires_in": round(held.expires_in, 1)}  # fmt: skip
+    return {"leader": leader, "schedulers": peers}
+
+
+def _read(h, what):
+    with h.sched.lock:
+        return 200, what(View(h.sched))
+
+
+def nodes(h):
+    return _read(h, View.nodes)
+
+
+def models(h):
+    return _read(h, View.models)
+
+
+def restarts(h):
+    return _read(h, View.restarts)
+
+
+def replicas(h):
+    return _read(h, lambda view: view.replicas(h.q.get("model")))
+
+
+def placement(h, name: str):
+    return _read(h, lambda view: view.placement(h.sched.model(name)))
+
+
+def logs(h, node: str, shard: str):
+    """Ask the node's agent for a shard's output and wait a few seconds for it, without
+    the scheduler's lock."""
+    s = h.sched
+    with s.lock:
+        s.connected(node)
+        try:
+            lines = int(h.q.get("lines", "100"))
+        except ValueError:
+            raise Invalid("lines must be a number") from None
+        entry = s.ask_logs(node, shard, lines)
+    try:
+        answered = entry["done"].wait(LOGS_WAIT_S)
+    finally:
+        with s.lock:
+            s.log_requests.pop(entry["request"], None)
+    if not answered:
+        raise AgentSilent(f"node '{node}' did not answer within {LOGS_WAIT_S:g}s")
+    reply = entry["reply"]
+    if reply.get("error"):
+        raise NotFound(reply["error"], "shard_not_found")
+    return 200, {"node": node, "id": shard, "lines": reply.get("lines", [])}
+
+
+# -- changes -------------------------------------------------------------------------
+
+
+def add_model(h):
+    s = h.sched
+    with s.lock:
+        m = s.add_model(h.body, s.clock())
+        model = View(s).model(m)
+    h.audit(m.name)
+    return 201, model
+
+
+def remove_model(h, name: str):
+    with h.sched.lock:
+        h.sched.remove_model(name)
+    h.audit(name)
+    return 202, {"model": name, "queued": "remove"}
+
+
+def scale(h, name: str):
+    lo, hi = h.body.get("min"), h.body.get("max")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)):
+        raise Invalid("scale needs integer min and max")
+    s = h.sched
+    with s.lock:
+        s.scale(name, lo, hi, s.clock())
+    h.audit(name, min=lo, max=hi)
+    return 202, {"model": name, "min": lo, "max": hi, "queued": "scale"}
+
+
+def retry(h, name: str):
+    with h.sched.lock:
+        h.sched.retry(name)
+    h.audit(name)
+    return 202, {"model": name, "queued": "retry"}
+
+
+def drain(h, name: str):
+    s = h.sched
+    with s.lock:
+        s.drain(name, s.clock())
+    h.audit(name)
+    return 202, {"node": name, "queued": "drain"}
+
+
+def undrain(h, name: str):
+    with h.sched.lock:
+        h.sched.undrain(name)
+    h.audit(name)
+    return 202, {"node": name, "queued": "undrain"}
+
+
+def restart(h):
+    """POST /v1/restarts: {"replicas": [...]} | {"model": M} | {"all": true}, with
+    optional max_surge, max_unavailable and in_place."""
+    body = h.body
+    opts = {"max_surge": body.get("max_surge", 1), "max_unavailable":
+            body.get("max_unavailable", 1)}  # fmt: skip
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+               for v in opts.values()):  # fmt: skip
+        raise Invalid("max_surge and max_unavailable must be integers >= 0")
+    in_place = body.get("in_place", False) is True
+    if in_place and opts["max_unavailable"] < 1:
+        raise Invalid("in_place needs max_unavailable >= 1")
+    if opts["max_surge"] + opts["max_unavailable"] == 0:
+        raise Invalid("max_surge and max_unavailable cannot both be 0")
+    chosen = [k for k in ("replicas", "model", "all") if body.get(k)]
+    if len(chosen) != 1:
+        raise Invalid("say which: replicas (a list of ids), model, or all")
+    s = h.sched
+    with s.lock:
+        live = [r for r in s.inv.replicas.values() if r.state in LIVE]
+        if chosen == ["replicas"]:
+            ids = body["replicas"]
+            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                raise Invalid("replicas must be a list of ids")
+        elif chosen == ["model"]:
+            s.model(body["model"])
+            ids = [r.id for r in sorted(live, key=lambda r: r.since)
+                   if r.model == body["model"]]  # fmt: skip
+        else:
+            ids = [r.id for r in sorted(live, key=lambda r: (r.model, r.since))]
+        jobs = s.restart(ids, s.clock(), in_place=in_place, **opts)
+        out = [View.restart(j) for j in jobs]
+    h.audit(",".join(ids), in_place=in_place or None, **opts)
+    return 202, {"queued": out}

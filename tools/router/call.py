@@ -11,7 +11,7 @@ import json
 import time
 
 from llmgw import log
-from llmgw_router import metrics, prefix
+from llmgw_router import metrics, prefix, tokens
 from llmgw_router.errors import ApiError, Untranslatable, api_error
 from llmgw_router.exchange import Answer, Stream, loads
 from llmgw_router.prefix import cached_tokens, decode_weight
@@ -260,7 +260,7 @@ class Call:
         "t0", "t_first", "status", "endpoint", "prompt_tokens", "completion_tokens",
         "events", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
         "before_done", "_broke", "field", "translator", "translating", "affinity", "cached",
-        "decode_weight", "_tail", "_ended", "_end",
+        "decode_weight", "_tail", "_ended", "_end", "cached_tokens", "progress",
     )  # fmt: skip
 
     def __init__(self, up: Upstreams, request, route, rid, model, stream, client_usage, t0,
@@ -299,6 +299,11 @@ class Call:
         self.affinity = None  # the prompt's prefix key, when routing by prefix (prefix.py)
         self.cached = None  # prompt tokens the engine said it reused from its cache
         self.decode_weight = None  # what its timings say a decoded token costs (prefix.py)
+        # What the usage row says of the prompt: of its tokens, those the engine reused
+        # (kept for the row, where `cached` is the prefix index's and cleared after each
+        # attempt), and llama-server's early prompt counts of a stream (tokens.py).
+        self.cached_tokens = None
+        self.progress: tokens.Progress | None = None
 
     # -- the attempt loop ------------------------------------------------------------
 
@@ -326,6 +331,7 @@ class Call:
                     self.status = e.status
                     self._routed(ep)
                     return self._finish(e.answer(self.rid))
+                sent = self._ask_progress(sent)
                 ep.outstanding += 1
                 head = b"".join((line, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n"))
                 key = self.affinity
@@ -365,6 +371,7 @@ class Call:
                     # It broke before anything reached the client: another may answer.
                     last_reason = self._broke
                     self.prompt_tokens = self.completion_tokens = self.events = 0
+                    self.cached_tokens = None
                     continue
                 finally:
                     ep.outstanding -= 1
@@ -531,9 +538,10 @@ class Call:
         key = self.affinity
         try:
             while (chunk := await upstream.next()) is not None:
-                if key is not None and not key.answered_at:
-                    prefix.answered(key, asyncio.get_running_loop().time())
                 out = self._relay_piece(chunk)
+                # Not at a prompt-progress event: the engine has not begun answering.
+                if key is not None and not key.answered_at and (out or self.progress is None):
+                    prefix.answered(key, asyncio.get_running_loop().time())
                 if out:
                     await self._write(out)
                 if self.resp is not None and not self._waiting_first:
@@ -649,6 +657,8 @@ class Call:
 
     def _filter_events(self, block: bytes) -> bytes:
         """Count content events and take usage; drop the usage-only event unless asked."""
+        if self.progress is not None:
+            block = self.progress.take(block)
         if self.route.dialect is not None and not self.translating:
             events, usages = native_events(block)
             self.events += events
@@ -705,17 +715,42 @@ class Call:
 
     def _set_usage(self, usage: dict, answer: dict | None = None) -> None:
         cached = cached_tokens(answer if answer is not None else {"usage": usage})
-        if cached is not None:
-            self.cached = cached
         if answer is not None and self.affinity is not None:
             self.decode_weight = decode_weight(answer)
-        # OpenAI's names, or Anthropic's and the Responses API's.
-        p = usage.get("prompt_tokens", usage.get("input_tokens"))
-        c = usage.get("completion_tokens", usage.get("output_tokens"))
-        if isinstance(p, int):
+        # OpenAI's names, or Anthropic's and the Responses API's (tokens.counts).
+        p, c, said = tokens.counts(usage)
+        cached = cached if cached is not None else said
+        if cached is not None:
+            self.cached = self.cached_tokens = cached
+        if p is not None:
             self.prompt_tokens = p
-        if isinstance(c, int):
+        if c is not None:
             self.completion_tokens = c
+
+    def _ask_progress(self, body: bytes) -> bytes:
+        """The body, asking llama-server for the prompt's size at the stream's start
+        (tokens.py), so a stream cut short still bills its prompt."""
+        self.progress = None
+        if not self.stream:
+            return body
+        info = self.up.policies.model(self.model)
+        dialect = self.route.dialect
+        native = dialect is not None and not self.translating
+        name = dialect.name if dialect is not None else None
+        if not tokens.wants_progress(info.engine if info else None, native, name):
+            return body
+        asked = tokens.ask_progress(body)
+        if asked is None:
+            return body
+        self.progress = tokens.Progress()
+        return asked
+
+    def prompt_counts(self) -> tuple[int, int | None]:
+        """(prompt tokens, of which cached) for the usage row: the engine's usage, else
+        what its first prompt-progress event said (a stream cut before its end)."""
+        if self.prompt_tokens or self.progress is None or self.progress.total is None:
+            return self.prompt_tokens, self.cached_tokens
+        return self.progress.total, self.progress.cached
 
     # -- writing to the client ---------------------------------------------------------
 

@@ -411,9 +411,9 @@ class Proxy:
         requested = ticket.model[:200]
         served = call.model if call is not None else None
         prompt = completion = 0
-        ttft = None
+        cached = ttft = None
         if call is not None and call.route.bills:
-            prompt = call.prompt_tokens
+            prompt, cached = call.prompt_counts()
             # A stream cut short has no usage chunk: count its content events instead.
             completion = call.completion_tokens or call.events
             if call.t_first is not None:
@@ -463,6 +463,7 @@ class Proxy:
                 org=who.org,
                 cost=cost,
                 api=ticket.api,
+                cached_tokens=cached,
             )
         )
         if status == CLIENT_CLOSED:

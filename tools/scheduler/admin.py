@@ -28,6 +28,7 @@ from llmgw_scheduler import (
     page,
     registry,
     releases_api,
+    usage_check,
 )
 
 _log = log.get("llmgw.scheduler.admin")
@@ -267,7 +268,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"name": self.who.name, "role": self.who.role})
         if any(api.get(self, parts) for api in (releases_api, mirror_api, onboarding_api)):
             return
-        if registry.get(self, parts, url.query):
+        if registry.get(self, parts, url.query) or usage_check.get(self, parts, url.query):
             return
         s = self.sched
         with s.lock:

@@ -331,7 +331,7 @@ class Call:
                     self.status = e.status
                     self._routed(ep)
                     return self._finish(e.answer(self.rid))
-                sent = self._ask_progress(sent)
+                sent = self._ask_progress(ep, sent)
                 ep.outstanding += 1
                 head = b"".join((line, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n"))
                 key = self.affinity
@@ -727,17 +727,21 @@ class Call:
         if c is not None:
             self.completion_tokens = c
 
-    def _ask_progress(self, body: bytes) -> bytes:
+    def _ask_progress(self, ep: Endpoint, body: bytes) -> bytes:
         """The body, asking llama-server for the prompt's size at the stream's start
-        (tokens.py), so a stream cut short still bills its prompt."""
+        (tokens.py), so a stream cut short still bills its prompt. The engine is the
+        routing table's word, else the catalog's."""
         self.progress = None
         if not self.stream:
             return body
-        info = self.up.policies.model(self.model)
+        engine = ep.engine
+        if not engine:
+            info = self.up.policies.model(self.model)
+            engine = info.engine if info is not None else None
         dialect = self.route.dialect
         native = dialect is not None and not self.translating
         name = dialect.name if dialect is not None else None
-        if not tokens.wants_progress(info.engine if info else None, native, name):
+        if not tokens.wants_progress(engine, native, name):
             return body
         asked = tokens.ask_progress(body)
         if asked is None:

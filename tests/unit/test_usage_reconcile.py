@@ -3,6 +3,9 @@ totals (restarts, thinning), the window between two readings, the rows' side fro
 store (SQLite and PostgreSQL), and the comparison the gauges and `llmgw usage
 reconcile` show. Fake time throughout: readings and rows carry their own."""
 
+import threading
+from types import SimpleNamespace
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -169,16 +172,10 @@ def test_reconcile_compares_every_replica_with_readings_in_the_window(db):
 
 
 def test_the_gauges_judge_a_replica_only_with_enough_tokens(db):
-    class Sched:
-        import threading
-
-        lock = threading.RLock()
-        engine_counters = EngineCounters()
-        leading = staticmethod(lambda: True)
-
+    sched = SimpleNamespace(lock=threading.RLock(), engine_counters=EngineCounters(),
+                            leading=lambda: True)  # fmt: skip
     now = T + 1000
     cfg = UsageConfig(reconcile_window_s=900, reconcile_settle_s=100, reconcile_min_tokens=500)
-    sched = Sched()
     for rid, prompt, completion in (("r-1", 1000, 100), ("r-2", 100, 10)):
         sched.engine_counters.record(rid, "gemma", reading(now - 900, 0, 0, process=rid))
         sched.engine_counters.record(rid, "gemma", reading(now - 200, prompt, completion,
@@ -193,9 +190,8 @@ def test_the_gauges_judge_a_replica_only_with_enough_tokens(db):
              for s in m.samples}  # fmt: skip
     assert ratio == {("r-1", "prompt"): -0.02}  # r-2 and completions: under 500 tokens
     assert registry.get_sample_value("llmgw_usage_reconcile_threshold_ratio") == 0.01
-    assert registry.get_sample_value(
-        "llmgw_usage_engine_tokens", {"model": "gemma", "replica": "r-2", "kind": "prompt"}
-    ) == 100
+    quiet = {"model": "gemma", "replica": "r-2", "kind": "prompt"}
+    assert registry.get_sample_value("llmgw_usage_engine_tokens", quiet) == 100
 
 
 # -- the agent's reading -------------------------------------------------------------------

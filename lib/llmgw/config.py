@@ -293,6 +293,16 @@ class UsageConfig:
     # `llmgw usage rollup` keeps raw usage rows this many days (0: forever); older
     # requests are kept as daily totals only.
     retention_days: int = 90
+    # The usage rows checked against the engines' own token counters (the scheduler's
+    # llmgw_usage_* gauges, UsageDisagreesWithEngines, `llmgw usage reconcile`): over the
+    # last reconcile_window_s, ending reconcile_settle_s ago (requests under way then
+    # have ended and been written), a replica whose rows and engine differ by more than
+    # reconcile_threshold (a fraction of the engine's count) for 15 minutes alerts; a
+    # replica with fewer than reconcile_min_tokens of a kind in the window is not judged.
+    reconcile_window_s: float = 900.0
+    reconcile_settle_s: float = 120.0
+    reconcile_threshold: float = 0.01
+    reconcile_min_tokens: int = 10000
 
 
 @dataclass

@@ -24,6 +24,7 @@ from llmgw import __version__, bus, log
 from llmgw.config import Config
 from llmgw.states import MsgType
 from llmgw_agentd import metrics
+from llmgw_agentd.counters import Counters
 from llmgw_agentd.engines import FAILED, Installer
 from llmgw_agentd.fabric import Tester
 from llmgw_agentd.resources import Resources
@@ -109,6 +110,7 @@ class Agent:
             self._on_shard,
             start_timeout_s=getattr(cfg.agent, "start_timeout_s", START_TIMEOUT_S),
         )  # fmt: skip
+        self.counters = Counters(self.supervisor, cfg.agent.heartbeat_s)
         # The newest leader epoch seen, kept on disk: a restarted agent must still refuse
         # a deposed leader.
         self.epoch_file = state_dir / "epoch"
@@ -352,6 +354,7 @@ class Agent:
             schedulers=",".join(self.cfg.agent.schedulers),
             shards=len(self.supervisor.shards),
         )
+        self.counters.start()
         try:
             while not stop.is_set():
                 for sock, _ in poller.poll(POLL_MS):
@@ -369,6 +372,7 @@ class Agent:
                 self._send_state(now)
                 self._reconnect(now)
         finally:
+            self.counters.stop()
             for link in self.links:
                 link.handshakes.close()
                 link.sock.close(0)

@@ -78,6 +78,7 @@ class Shard:
     log_offset: int = 0
     weights: list = field(default_factory=list)  # cache entries it uses (never evicted)
     role: str = ""  # "rpc-worker": a part of a replica across nodes (workers.py)
+    tokens: dict | None = None  # the engine's newest token counters (counters.py)
 
     def to_json(self) -> dict:
         return {
@@ -85,6 +86,7 @@ class Shard:
             "endpoint": self.endpoint, "port": self.port, "pid": self.pid, "rss": self.rss,
             "started_at": self.started_at, "reason": self.reason,
             **({"role": self.role} if self.role else {}),
+            **({"tokens": self.tokens} if self.tokens else {}),
         }  # fmt: skip
 
     def state_file(self) -> dict:
@@ -548,6 +550,30 @@ class Supervisor:
                 shard = self.shards.get(shard_id)
                 if shard is not None and shard.done:
                     del self.shards[shard_id]
+
+    def serving(self) -> list[tuple[Shard, str]]:
+        """(shard, engine key) of each engine that answers requests now: ready or
+        draining, over HTTP (a worker of a replica across nodes counts nothing)."""
+        with self._lock:
+            shards = [
+                s for s in self.shards.values()
+                if not s.done and s.pid and s.state in (READY, DRAINING)
+                and s.endpoint.startswith("http")
+            ]  # fmt: skip
+        out = []
+        for shard in shards:
+            try:
+                key = self._path(shard.id, ".key").read_text().strip()
+            except OSError:
+                key = ""
+            out.append((shard, key))
+        return out
+
+    def set_tokens(self, shard_id: str, tokens: dict | None) -> None:
+        with self._lock:
+            shard = self.shards.get(shard_id)
+            if shard is not None:
+                shard.tokens = tokens
 
     def rss_total(self) -> int:
         with self._lock:

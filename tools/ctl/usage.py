@@ -1,6 +1,7 @@
 """`llmgw usage`: who used what, from the routers' usage rows and their daily rollups."""
 
 import csv
+import datetime
 import sys
 import time
 
@@ -96,3 +97,73 @@ def usage_rollup(state, retention_days, as_json, direct):
             f" {out.get('responses_pruned', 0)} stored response(s) older than {days} days",
             err=True,
         )
+
+
+def _since(text: str, now: float) -> float:
+    """--since: an age (30m, 24h, 7d), a Unix time, or a local ISO 8601 time."""
+    try:
+        return now - apikeys.parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither an age (30m, 24h, 7d) nor a time (2025-06-01T09:00)",
+            param_hint="--since",
+        ) from None
+
+
+def _percent(ratio: float | None, threshold: float) -> str:
+    if ratio is None:
+        return "-"
+    mark = " !" if abs(ratio) > threshold else ""
+    return f"{ratio * 100:+.2f}%{mark}"
+
+
+@usage.command("reconcile")
+@click.option("--since", metavar="AGE|TIME", default="1h", show_default=True,
+              help="From this long ago (30m, 24h) or this time (2025-06-01T09:00).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@pass_state
+def usage_reconcile(state, since, as_json):
+    """The usage rows of each replica against its engine's own token counters.
+
+    Per replica, over the window between two of its engine's readings from --since to
+    usage.reconcile_settle_s ago: prompt and completion tokens the routers' usage rows
+    bill to it (ROWS), what the engine counted (ENGINE), and the difference as a part
+    of the engine's count (below 0: the engine did work no row bills; `!` past
+    usage.reconcile_threshold). docs/limits.md says how cached prompts, streams cut
+    short and retried attempts count on each side.
+
+    \b
+    Examples:
+      llmgw usage reconcile --since 24h
+      llmgw usage reconcile --since 2025-06-01T09:00 --json | jq '.replicas[].ratio'
+    """
+    now = time.time()
+    after = _since(since, now)
+    out = client(state).get("/v1/usage/reconcile", since=after)
+    if as_json:
+        print_json(out)
+        return
+    threshold = out.get("threshold", 0.01)
+    rows = []
+    for r in out["replicas"]:
+        router, engine, ratio = r["router"], r["engine"], r["ratio"]
+        rows.append([
+            r["replica"], r["model"] or "-", f"{(r['to'] - r['from']) / 60:.0f}m",
+            f"{router['requests'] or 0:,}",
+            f"{router['prompt']:,}", f"{engine['prompt']:,}", _percent(ratio["prompt"], threshold),
+            f"{router['completion']:,}", f"{engine['completion']:,}",
+            _percent(ratio["completion"], threshold),
+        ])  # fmt: skip
+    if not rows:
+        click.echo("no replica has engine counters in that window", err=True)
+        return
+    print_table(["REPLICA", "MODEL", "WINDOW", "REQUESTS", "PROMPT ROWS", "ENGINE", "DIFF",
+                 "COMPLETION ROWS", "ENGINE", "DIFF"], rows)  # fmt: skip

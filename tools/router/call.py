@@ -10,7 +10,7 @@ import json
 import time
 
 from llmgw import log
-from llmgw_router import metrics, prefix, sse
+from llmgw_router import metrics, prefix, sse, tokens
 from llmgw_router.errors import ApiError, Untranslatable, api_error
 from llmgw_router.exchange import Answer, Stream
 from llmgw_router.meter import Meter, NativeStream, OpenAIStream
@@ -126,6 +126,7 @@ class Call:
                     self.status = e.status
                     self._routed(ep)
                     return self._finish(e.answer(self.rid))
+                sent = self._ask_progress(ep, sent)
                 ep.outstanding += 1
                 head = b"".join((line, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n"))
                 key = self.affinity
@@ -333,9 +334,10 @@ class Call:
         key = self.affinity
         try:
             while (chunk := await upstream.next()) is not None:
-                if key is not None and not key.answered_at:
-                    prefix.answered(key, asyncio.get_running_loop().time())
                 out = self._relay_piece(chunk)
+                # Not at a prompt-progress event: the engine has not begun answering.
+                if key is not None and not key.answered_at and (out or self.meter.progress is None):
+                    prefix.answered(key, asyncio.get_running_loop().time())
                 if out:
                     await self._write(out)
                 if self.resp is not None and not self._waiting_first:
@@ -374,9 +376,11 @@ class Call:
         for the next piece)."""
         t = time.perf_counter()
         events = self._framer.close() if end else self._framer.feed(chunk)
+        meter = self.meter
+        if meter.progress is not None and events:
+            events = meter.progress.take(events)
         if not events:
             return b""
-        meter = self.meter
         ended = meter.ended
         events = self._reader.read(events)
         if self.t_first is None and meter.events:
@@ -454,6 +458,28 @@ class Call:
             )
         await self._write_error_event(message, 502)
         return self.resp
+
+    def _ask_progress(self, ep: Endpoint, body: bytes) -> bytes:
+        """The body, asking llama-server for the prompt's size at the stream's start
+        (tokens.py), so a stream cut short still bills its prompt. The engine is the
+        routing table's word, else the catalog's."""
+        self.meter.progress = None
+        if not self.stream:
+            return body
+        engine = ep.engine
+        if not engine:
+            info = self.up.policies.model(self.model)
+            engine = info.engine if info is not None else None
+        dialect = self.route.dialect
+        native = dialect is not None and not self.translating
+        name = dialect.name if dialect is not None else None
+        if not tokens.wants_progress(engine, native, name):
+            return body
+        asked = tokens.ask_progress(body)
+        if asked is None:
+            return body
+        self.meter.progress = tokens.Progress()
+        return asked
 
     # -- writing to the client ---------------------------------------------------------
 

@@ -33,7 +33,8 @@ def endpoints_from(body: dict, static: list[Endpoint] = ()) -> list[Endpoint]:
         if r.get("state") != ShardState.READY:
             continue
         models = (r["model"], *r.get("aliases", ()))
-        eps.append(Endpoint(r["id"], r["endpoint"], models, r.get("key", "")))
+        eps.append(Endpoint(r["id"], r["endpoint"], models, r.get("key", ""),
+                            engine=str(r.get("engine") or "")))  # fmt: skip
     return eps
 
 

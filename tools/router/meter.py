@@ -19,7 +19,7 @@ a model writes can end a stream or make up its usage (seen: a chat answer that r
 
 import json
 
-from llmgw_router import sse
+from llmgw_router import sse, tokens
 from llmgw_router.exchange import loads
 from llmgw_router.prefix import cached_tokens, decode_weight
 from llmgw_router.splice import without_usage
@@ -33,7 +33,7 @@ class Meter:
     end (a whole answer always has)."""
 
     __slots__ = ("prompt_tokens", "completion_tokens", "events", "cached", "decode_weight",
-                 "ended", "weigh")  # fmt: skip
+                 "ended", "weigh", "cached_tokens", "progress")  # fmt: skip
 
     def __init__(self, weigh: bool = False):
         self.weigh = weigh  # learn what a decoded token costs (prefix routing wants it)
@@ -42,7 +42,10 @@ class Meter:
     def reset(self) -> None:
         """A new attempt: nothing counted."""
         self.prompt_tokens = self.completion_tokens = self.events = 0
-        self.cached = self.decode_weight = None
+        # `cached` is the prefix index's, cleared after each attempt; `cached_tokens` the
+        # usage row's. `progress`: llama-server's early prompt counts (tokens.py).
+        self.cached = self.decode_weight = self.cached_tokens = None
+        self.progress: tokens.Progress | None = None
         self.ended = False
 
     @property
@@ -68,16 +71,24 @@ class Meter:
     def take(self, usage: dict, answer: dict | None = None) -> None:
         """A usage object, in OpenAI's names or Anthropic's and the Responses API's."""
         cached = cached_tokens(answer if answer is not None else {"usage": usage})
-        if cached is not None:
-            self.cached = cached
         if answer is not None and self.weigh:
             self.decode_weight = decode_weight(answer)
-        p = usage.get("prompt_tokens", usage.get("input_tokens"))
-        c = usage.get("completion_tokens", usage.get("output_tokens"))
-        if isinstance(p, int):
+        p, c, said = tokens.counts(usage)
+        cached = cached if cached is not None else said
+        if cached is not None:
+            self.cached = self.cached_tokens = cached
+        if p is not None:
             self.prompt_tokens = p
-        if isinstance(c, int):
+        if c is not None:
             self.completion_tokens = c
+
+    def prompt_counts(self) -> tuple[int, int | None]:
+        """(prompt tokens, of which cached) for the usage row: the engine's usage, else
+        what its first prompt-progress event said (a stream cut before its end)."""
+        progress = self.progress
+        if self.prompt_tokens or progress is None or progress.total is None:
+            return self.prompt_tokens, self.cached_tokens
+        return progress.total, progress.cached
 
 
 class OpenAIStream:

@@ -382,9 +382,9 @@ class Proxy:
         requested = ticket.model[:200]
         served = call.model if call is not None else None
         prompt = completion = 0
-        ttft = None
+        cached = ttft = None
         if call is not None and call.route.bills:
-            prompt = call.meter.prompt_tokens
+            prompt, cached = call.meter.prompt_counts()
             # A stream cut short has no usage chunk: it counts its content events.
             completion = call.meter.completion
             if call.t_first is not None:
@@ -434,6 +434,7 @@ class Proxy:
                 org=who.org,
                 cost=cost,
                 api=ticket.api,
+                cached_tokens=cached,
             )
         )
         if status == CLIENT_CLOSED:

@@ -26,6 +26,7 @@ class Endpoint:
     last_used: float = 0.0  # time.monotonic() when its last request ended; 0: never
     head: bytes = field(default=b"", repr=False)  # header lines sent on every request
     signal: object = field(default=None, repr=False)  # the engine's own load (probe.py)
+    engine: str = ""  # the scheduler's word on which engine it is ("": not said)
 
     def __post_init__(self):
         self.url = self.url.rstrip("/")
@@ -111,6 +112,7 @@ class RoutingTable:
                 # Dropping last_used, before, lost a request that ended just before a
                 # snapshot: the scheduler never heard the replica was used.
                 old.models, old.key, old.head = ep.models, ep.key, ep.head
+                old.engine = ep.engine
                 ep = old
             by_id[ep.id] = ep
         by_model: dict[str, list[Endpoint]] = {}

@@ -29,7 +29,7 @@ _log = log.get("llmgw.router.usage")
 FIELDS = (
     "at", "request_id", "key_id", "model", "served_model", "endpoint",
     "prompt_tokens", "completion_tokens", "status", "latency_ms", "ttft_ms",
-    "user", "project", "team", "org", "cost", "row_id", "api",
+    "user", "project", "team", "org", "cost", "row_id", "api", "cached_tokens",
 )  # fmt: skip
 
 
@@ -55,6 +55,7 @@ class UsageRow:
     org: str | None = None
     cost: float | None = None
     api: str | None = None  # the path it came by
+    cached_tokens: int | None = None  # of prompt_tokens, reused from the engine's cache
 
     def values(self, row_id: str) -> tuple:
         """The row in FIELDS order: what the spool and the INSERT take."""
@@ -62,7 +63,7 @@ class UsageRow:
             self.at, self.request_id, self.key_id, self.model, self.served_model,
             self.endpoint, self.prompt_tokens, self.completion_tokens, self.status,
             self.latency_ms, self.ttft_ms, self.user, self.project, self.team, self.org,
-            self.cost, row_id, self.api,
+            self.cost, row_id, self.api, self.cached_tokens,
         )  # fmt: skip
 
 
@@ -157,8 +158,10 @@ class UsageWriter:
         return total
 
     def _insert(self, rows: list[tuple]) -> None:
-        # A spool left by a router from before m014 holds rows without their api.
-        rows = [r if len(r) == len(FIELDS) else (*r, None) for r in rows]
+        # A spool left by an older router holds rows without the newer fields (api:
+        # m014, cached_tokens: m017), which are all nullable.
+        width = len(FIELDS)
+        rows = [r if len(r) == width else (*r, *(None,) * (width - len(r))) for r in rows]
         for i in range(0, len(rows), self.batch):
             with self.db.atomic():
                 # Plain executemany: peewee's query builder cost more CPU than the

@@ -20,6 +20,7 @@ from llmgw_scheduler.leadership import Leadership, check_timings
 from llmgw_scheduler.loop import Loop
 from llmgw_scheduler.needs import Needs
 from llmgw_scheduler.service import Scheduler
+from llmgw_scheduler.usage_check import UsageCheck
 
 _log = log.get("llmgw.scheduler")
 
@@ -102,6 +103,8 @@ def main(config_path):
         ) from None
     metrics.watch_backups(cfg.backup_dir())
     metrics.watch_fleet(sched)
+    check = UsageCheck(sched, cfg.usage, db)
+    check.start()
     if cfg.scheduler.metrics_listen:
         host, port = cli.parse_listen(cfg.scheduler.metrics_listen)
         if port:
@@ -122,6 +125,7 @@ def main(config_path):
     try:
         loop.run()
     finally:
+        check.stop()
         admin.shutdown()
         loop.close()
         leadership.stop()  # hands the lease over at once

@@ -16,7 +16,7 @@ _log = log.get("llmgw.scheduler")
 class Messages:
     def __init__(self, inv: Inventory, catalog: Catalog, needs: Needs, parking: Parking,
                  demand: Demand, intents: Intents, logs: LogRequests, drained, cfg, flags,
-                 leadership, clock, loads=None):  # fmt: skip
+                 leadership, clock, loads=None, counters=None):  # fmt: skip
         self.inv = inv
         self.catalog = catalog
         self.needs = needs
@@ -30,6 +30,7 @@ class Messages:
         self.leadership = leadership  # .leading(), .epoch and .superseded(epoch, why)
         self.clock = clock
         self.loads = loads  # routers' load reports, for the autoscaler
+        self.counters = counters  # engines' token counters, for the usage check
 
     def handle(self, sender: str, msg: dict) -> None:
         now = self.clock()
@@ -91,6 +92,8 @@ class Messages:
         )
         for s in shards:
             self.intents.reported(s.get("id"))
+            if self.counters is not None and s.get("tokens"):
+                self.counters.record(str(s.get("id")), str(s.get("model", "")), s["tokens"])
         for r in vanished:
             _log.warning("replica_vanished", replica=r.id, model=r.model, node=sender)
             if r.state != ShardState.STOPPING:

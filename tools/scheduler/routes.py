@@ -26,6 +26,7 @@ from llmgw_scheduler import (
     registry,
     releases_api,
     tenancy_api,
+    usage_check,
 )
 from llmgw_scheduler.errors import MethodNotAllowed
 
@@ -145,6 +146,7 @@ ROUTES: tuple[Route, ...] = (
     read("/v1/limits", tenancy_api.limits),
     read("/v1/budgets", tenancy_api.budgets),
     read("/v1/usage", tenancy_api.usage_report),
+    read("/v1/usage/reconcile", usage_check.usage_reconcile),
     # This scheduler's own secrets: an admin, on a standby too (each has its own).
     Route("POST", "/v1/admin-token/rotate", Access.ADMIN, credentials_api.rotate_token,
           audit=("admin_token.rotate",)),

@@ -17,6 +17,7 @@ from llmgw.reconciler import Desired, ReplicaView, reconcile
 from llmgw.states import LIVE, STARTING, MsgType, ShardState
 from llmgw_scheduler.autoscale import Autoscaler
 from llmgw_scheduler.commands import Commands, Intents, LogRequests, Outbox
+from llmgw_scheduler.counters import EngineCounters
 from llmgw_scheduler.demand import Demand
 from llmgw_scheduler.drains import Drains
 from llmgw_scheduler.eviction import Eviction
@@ -85,9 +86,10 @@ class Scheduler:
                                  self.views.node_views, making_room, self.flags)  # fmt: skip
         self.restarting = Restarts(self.inv, self.catalog, needs, self.commands,
                                    self.views.node_views, s, self.flags, clock)  # fmt: skip
+        self.engine_counters = EngineCounters()  # for the usage check (usage_check.py)
         self.messages = Messages(self.inv, self.catalog, needs, self.parking, self.demand,
                                  self.intents, self.logs, self.drains, s, self.flags,
-                                 self.role, clock, self.loads)  # fmt: skip
+                                 self.role, clock, self.loads, self.engine_counters)  # fmt: skip
         self.started_at = clock()
         # When our last pass as leader ran (None: none since we started or took over):
         # fleet metrics wait for it, as routes do, so they never show a half-heard fleet.

@@ -136,6 +136,7 @@ class Views:
                 "endpoint": r.endpoint,
                 "key": r.key,
                 "state": ShardState.READY,
+                "engine": m.engine if m else "",
             })  # fmt: skip
         entries = []
         answered = self.demand.answered

@@ -424,6 +424,18 @@ def m016_responses_chain(db: peewee.Database) -> None:
     )
 
 
+def m017_usage_cached(db: peewee.Database) -> None:
+    """usage.cached_tokens: of a request's prompt tokens, those its engine said it reused
+    from its cache (NULL: it did not say), so the usage rows can be checked against the
+    engines' own counters (`llmgw usage reconcile`); and an index on (endpoint, at), the
+    check's query for one replica over a window."""
+    run(
+        db,
+        "ALTER TABLE usage ADD COLUMN cached_tokens INTEGER",
+        "CREATE INDEX usage_endpoint_at ON usage (endpoint, at)",
+    )
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -441,6 +453,7 @@ MIGRATIONS = [
     m014_usage_api,
     m015_responses,
     m016_responses_chain,
+    m017_usage_cached,
 ]
 
 

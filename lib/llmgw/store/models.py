@@ -76,9 +76,13 @@ class Usage(BaseModel):
     row_id = peewee.CharField(max_length=32, null=True, unique=True)
     # The API path the request came by (m014); NULL on rows written before it.
     api = peewee.CharField(max_length=64, null=True)
+    # Of prompt_tokens, those the engine said it reused from its cache (m017); NULL where
+    # it did not say, and on rows written before m017.
+    cached_tokens = peewee.IntegerField(null=True)
 
     class Meta:
         table_name = "usage"
+        indexes = ((("endpoint", "at"), False),)
 
 
 class BusPeer(BaseModel):

@@ -11,9 +11,10 @@ import time
 
 from llmgw import log
 from llmgw_router import metrics, prefix, sse, tokens
+from llmgw_router.api import OPENAI
 from llmgw_router.errors import ApiError, Untranslatable, api_error
 from llmgw_router.exchange import Answer, Stream
-from llmgw_router.meter import Meter, NativeStream, OpenAIStream
+from llmgw_router.meter import Meter
 from llmgw_router.routing import Endpoint
 from llmgw_router.splice import model_field, set_model
 from llmgw_router.upstream import Response, UpstreamError
@@ -61,7 +62,7 @@ class Call:
         "up", "request", "route", "rid", "model", "stream", "client_usage", "headers",
         "t0", "t_first", "status", "endpoint", "meter", "overhead", "resp", "_keepalive",
         "_keepalive_task", "_waiting_first", "before_done", "_broke", "field", "translator",
-        "translating", "affinity", "_framer", "_reader",
+        "translating", "affinity", "_framer", "_reader", "on_answer",
     )  # fmt: skip
 
     def __init__(self, up: Upstreams, request, route, rid, model, stream, client_usage, t0,
@@ -95,6 +96,7 @@ class Call:
         # Another API's request sent to an engine that lacks its path, as chat (dialects.py).
         self.translating = False
         self.translator = None  # the request as chat, and chat's answers back (dialects.py)
+        self.on_answer = None  # what the whole answer passes before it is written (routes.py)
         self.affinity = None  # the prompt's prefix key, when routing by prefix (prefix.py)
         self._framer = None  # a stream's events as they come (sse.py)
         self._reader = None  # its API's reader: usage, content events, its end (meter.py)
@@ -207,17 +209,17 @@ class Call:
         """(request line, body) for this endpoint: as asked, or translated to chat for an
         engine known not to serve the path; ApiError (400) naming a field chat cannot
         carry."""
-        dialect = self.route.dialect
-        if dialect is None:
+        api = self.route.api
+        if api.translate is None:
             return self.route.head, body
         self.translating = (ep.url, self.route.path) in self.up.lacking
-        if not self.translating and dialect.without:
+        if not self.translating and api.without:
             info = self.up.policies.model(self.model)
-            self.translating = info is not None and info.engine in dialect.without
+            self.translating = info is not None and info.engine in api.without
         if not self.translating:
             return self.route.head, body
         try:
-            self.translator = dialect.translate(json.loads(body), self.up.served_name(self.model))
+            self.translator = api.translate(json.loads(body), self.up.served_name(self.model))
         except Untranslatable as e:
             raise ApiError(
                 400,
@@ -233,7 +235,7 @@ class Call:
     def _lacks_path(self, ep: Endpoint, status: int) -> bool:
         """A native request the engine answered as a path it does not have: remember it,
         so this and later requests go to it translated."""
-        if status not in _NO_SUCH_PATH or self.route.dialect is None or self.translating:
+        if status not in _NO_SUCH_PATH or self.route.api.translate is None or self.translating:
             return False
         if self.resp is not None:
             return False
@@ -365,10 +367,9 @@ class Call:
     def _stream_reader(self):
         """The reader of this attempt's stream: an OpenAI stream (chat, completions, or
         the chat stream a translation reads), or another API's own."""
-        route = self.route
-        if route.dialect is None or self.translating:
-            return OpenAIStream(self.meter, self.client_usage or self.translating)
-        return NativeStream(self.meter, route.ends, route.content)
+        if self.translating:  # the translator needs chat's usage chunk
+            return OPENAI.reader(self.meter, True)
+        return self.route.api.reader(self.meter, self.client_usage)
 
     def _relay_piece(self, chunk: bytes, end: bool = False) -> bytes:
         """A piece of the engine's stream in (`end`: the stream's end); the whole events
@@ -433,7 +434,7 @@ class Call:
     def _final(self, data: bytes) -> bytes:
         """The whole answer, or a stream's last block, past the route's hook (the
         Responses API keeps it)."""
-        hook = self.request.get("llmgw.on_answer")
+        hook = self.on_answer
         return (hook(data) or data) if hook is not None else data
 
     def _done(self) -> None:
@@ -470,9 +471,9 @@ class Call:
         if not engine:
             info = self.up.policies.model(self.model)
             engine = info.engine if info is not None else None
-        dialect = self.route.dialect
-        native = dialect is not None and not self.translating
-        name = dialect.name if dialect is not None else None
+        api = self.route.api
+        native = api is not OPENAI and not self.translating
+        name = api.name if api is not OPENAI else None
         if not tokens.wants_progress(engine, native, name):
             return body
         asked = tokens.ask_progress(body)
@@ -502,24 +503,8 @@ class Call:
         await resp.write(data)
 
     async def _write_error_event(self, message: str, status: int) -> None:
-        dialect = self.route.dialect
-        if dialect is not None and dialect.error_event is not None:
-            try:
-                await self._write(dialect.error_event(message, status))
-                await self.resp.write_eof()
-            except ConnectionError:
-                pass
-            return
-        body = {
-            "error": {
-                "message": message,
-                "type": "server_error",
-                "param": None,
-                "code": f"upstream_{status}",
-            }
-        }
         try:
-            await self._write(sse.json_event(body))
+            await self._write(self.route.api.error_event(message, status))
             await self.resp.write_eof()
         except ConnectionError:
             pass  # the client left too; the usage row still says what happened

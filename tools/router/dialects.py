@@ -11,9 +11,9 @@ endpoint as chat completions, translated both ways.
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from llmgw_router import anthropic, meter, responses, responses_api
+from llmgw_router.api import Api
 from llmgw_router.exchange import Answer, Stream
 from llmgw_router.routes import Route
 
@@ -37,19 +37,6 @@ class Translation:
         return self._stream.feed(events)
 
 
-@dataclass(frozen=True)
-class Dialect:
-    """One API: its translation to chat, and its errors."""
-
-    name: str
-    translate: Callable[[dict, str], Translation]  # (request, served model); Untranslatable
-    error: Callable[[int, dict], tuple[int, dict]] | None = None
-    error_event: Callable[[str, int], bytes] | None = None
-    # Catalog engines known not to serve the API: their models' requests are translated
-    # from the first, without a refused request to learn it from.
-    without: frozenset = frozenset()
-
-
 def _messages(body: dict, model: str) -> Translation:
     stream = anthropic.Stream(model) if body.get("stream") else None
     return Translation(anthropic.to_chat(body), lambda c: anthropic.from_chat(c, model), stream)
@@ -70,29 +57,35 @@ def _responses(body: dict, model: str) -> Translation:
 # (An engine wrongly listed here still answers, translated; one wrongly left out costs
 # one refused request per endpoint.)
 _NO_MESSAGES = frozenset(("vllm",))
-ANTHROPIC = Dialect(
-    "anthropic", _messages, anthropic.error, anthropic.error_event, without=_NO_MESSAGES
-)
-ANTHROPIC_COUNT = Dialect(
-    "anthropic", _count, anthropic.error, anthropic.error_event, without=_NO_MESSAGES
-)
+_ANTHROPIC = {
+    "ends": meter.ANTHROPIC_ENDS,
+    "content": meter.anthropic_content,
+    "error": anthropic.error,
+    "error_event": anthropic.error_event,
+    "without": _NO_MESSAGES,
+}
+ANTHROPIC = Api("anthropic", translate=_messages, **_ANTHROPIC)
+ANTHROPIC_COUNT = Api("anthropic", translate=_count, **_ANTHROPIC)
 
 
 def _input_tokens(body: dict, model: str) -> Translation:
     return Translation(responses.count_request(body), responses.count_from_chat)
 
 
-RESPONSES = Dialect("responses", _responses, None, responses.error_event)
-RESPONSES_COUNT = Dialect("responses", _input_tokens, None, responses.error_event)
+_RESPONSES = {
+    "ends": meter.RESPONSES_ENDS,
+    "content": meter.responses_content,
+    "error_event": responses.error_event,
+}
+RESPONSES = Api("responses", translate=_responses, **_RESPONSES)
+RESPONSES_COUNT = Api("responses", translate=_input_tokens, **_RESPONSES)
 
 MESSAGES = Route(
     "/v1/messages",
     "messages",
     (list,),
     True,
-    ends=meter.ANTHROPIC_ENDS,
-    content=meter.anthropic_content,
-    dialect=ANTHROPIC,
+    api=ANTHROPIC,
 )
 # Counting generates nothing, and Anthropic does not bill it: its usage row has no tokens.
 COUNT_TOKENS = Route(
@@ -101,7 +94,7 @@ COUNT_TOKENS = Route(
     (list,),
     False,
     max_tokens_field="",
-    dialect=ANTHROPIC_COUNT,
+    api=ANTHROPIC_COUNT,
     bills=False,
 )
 
@@ -111,17 +104,15 @@ RESPONSES_ROUTE = Route(
     "input",
     (str, list),
     True,
-    ends=meter.RESPONSES_ENDS,
-    content=meter.responses_content,
     max_tokens_field="max_output_tokens",
-    dialect=RESPONSES,
+    api=RESPONSES,
     prepare=responses_api.prepare,
 )
 
 
 def handler(route: Route):
     """The route's handler: the request path, with errors in the API's own shape."""
-    reshape = route.dialect.error
+    reshape = route.api.error
 
     async def handle(request) -> Answer | Stream:
         resp = await request.app["proxy"].forward(request, route)
@@ -145,7 +136,7 @@ INPUT_TOKENS = Route(
     (str, list),
     False,
     max_tokens_field="",
-    dialect=RESPONSES_COUNT,
+    api=RESPONSES_COUNT,
     bills=False,
     prepare=responses_api.prepare_count,
 )

@@ -19,6 +19,7 @@ from llmgw import log
 from llmgw.states import ModelState
 from llmgw_router import metrics, routes
 from llmgw_router.admission import Admission
+from llmgw_router.api import OPENAI
 from llmgw_router.call import CLIENT_CLOSED, Call, Upstreams
 from llmgw_router.errors import ApiError, api_error
 from llmgw_router.exchange import Answer, Stream, json_answer
@@ -165,12 +166,12 @@ class Proxy:
             raise ApiError(403, f"This API key may not use model '{model}'.",
                            "permission_error", "model_not_allowed", param="model")  # fmt: skip
         if route.prepare is not None:
-            await route.prepare(request, key, payload)
+            ticket.on_answer = await route.prepare(request, key, payload)
             body = None
         if not self.table.has_table and not await self.table.wait_table(self.table_wait_s):
             raise no_table()
 
-        if payload.get("stream") is True and route.dialect is None:
+        if payload.get("stream") is True and route.api is OPENAI:
             opts = payload.get("stream_options") or {}
             ticket.client_usage = bool(opts.get("include_usage"))
             if not ticket.client_usage:
@@ -271,6 +272,7 @@ class Proxy:
                 ticket.call = call
                 call.affinity = affinity
                 call.before_done = functools.partial(self._stream_done, ticket, call)
+                call.on_answer = ticket.on_answer
                 asked = self.served_name(name)  # an alias's engine knows its model's name
                 if asked != payload["model"]:
                     body = json.dumps({**payload, "model": asked}).encode()
@@ -455,7 +457,8 @@ class Ticket:
     """One client request, across the models tried for it: what its usage row needs."""
 
     __slots__ = ("rid", "key_id", "who", "t0", "model", "status", "call", "headers",
-                 "reservation", "grade", "accounted", "api", "client_usage")  # fmt: skip
+                 "reservation", "grade", "accounted", "api", "client_usage",
+                 "on_answer")  # fmt: skip
 
     def __init__(self, rid: str, key_id: str, who, t0: float, api: str | None = None):
         self.rid, self.key_id, self.who, self.t0 = rid, key_id, who, t0
@@ -468,6 +471,7 @@ class Ticket:
         self.grade = None  # (ask, body length, prices) the reservation was made at
         self.accounted = False
         self.client_usage = True  # a stream's client asked for its usage chunk
+        self.on_answer = None  # its route's hook on the answer (routes.Route.prepare)
 
     def fail(self, resp: Answer) -> Answer:
         self.status = resp.status

@@ -94,9 +94,9 @@ async def prepare_count(request, key, payload: dict) -> None:
     await _expand(request, key, payload)
 
 
-async def prepare(request, key, payload: dict) -> None:
-    """Expand previous_response_id into the conversation, and arrange for the answer to
-    be kept; ApiError if the request cannot be."""
+async def prepare(request, key, payload: dict):
+    """Expand previous_response_id into the conversation; the hook the answer passes,
+    which keeps the response (routes.Route.prepare). ApiError if the request cannot be."""
     convs: Conversations = request.app["conversations"]
     store = payload.pop("store", True)
     if not isinstance(store, bool):
@@ -145,7 +145,7 @@ async def prepare(request, key, payload: dict) -> None:
         events[i] = sse.json_event(event, name).rstrip()
         return sse.join(events)
 
-    request["llmgw.on_answer"] = on_answer
+    return on_answer
 
 
 def _json(data: bytes):

@@ -5,28 +5,27 @@ Other APIs' routes are in dialects.py."""
 
 from dataclasses import dataclass
 
+from llmgw_router.api import OPENAI, Api
 from llmgw_router.errors import ApiError
 from llmgw_router.exchange import BodyTooLarge, loads
 
 
 @dataclass
 class Route:
-    """One OpenAI operation: the engine path and the field that must hold the input."""
+    """One operation: the engine path, its API, and the field that must hold the input."""
 
     path: str
     input_field: str
     input_types: tuple
     streams: bool
     head: bytes = b""  # the request line sent to the engine
-    # Another API's stream passed through (meter.NativeStream): the event names that end
-    # a complete one, and which are content. OpenAI's streams end on `data: [DONE]`.
-    ends: frozenset = frozenset()
-    content: object = None
     max_tokens_field: str = "max_tokens"  # what bounds the answer ("": nothing does)
-    dialect: object = None  # not OpenAI's: how to translate it to chat (dialects.py)
+    api: Api = OPENAI  # the API it belongs to: its stream, translation and errors
     bills: bool = True  # whether its tokens are counted (counting tokens is not billed)
     # Called with (request, key, payload) once the key may use the model; may change the
-    # payload (the Responses API's state), or raise ApiError.
+    # payload (the Responses API's state), or raise ApiError. It returns None, or what
+    # the whole answer (or a stream's last block) passes before it is written: bytes in,
+    # bytes (or None: as they are) out.
     prepare: object = None
 
     def __post_init__(self):

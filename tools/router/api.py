@@ -1,0 +1,58 @@
+"""An API the router speaks, as data: `Api`. OpenAI's own (chat, completions,
+embeddings, reranking) is `OPENAI`; Anthropic's Messages and the Responses API are in
+dialects.py. A route (routes.py) names its API, and the request path asks the API, not
+the route's name, for what differs between them:
+
+- its stream's reader (meter.py): the events that end a complete stream, which are
+  content, where usage is;
+- how it is translated to chat completions for an engine that does not serve it, and
+  chat's answers back (None: OpenAI's own, sent to every engine as it came);
+- its errors: a whole error answer in its shape, and an error event in its stream.
+
+Adding an API is one such value and its routes; the request path has no branch on
+which API it is."""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmgw_router import sse
+from llmgw_router.meter import Meter, NativeStream, OpenAIStream
+
+
+@dataclass(frozen=True)
+class Api:
+    name: str
+    # Its own stream's end events and content events (meter.NativeStream); none: an
+    # OpenAI stream, which ends on `data: [DONE]` (meter.OpenAIStream).
+    ends: frozenset = frozenset()
+    content: Callable[[str], bool] | None = None
+    # (request, served model) -> dialects.Translation, or Untranslatable; None: never
+    # translated.
+    translate: Callable | None = None
+    # An OpenAI-shaped error (status, body) as this API says it; None: as it is.
+    error: Callable[[int, dict], tuple[int, dict]] | None = None
+    error_event: Callable[[str, int], bytes] | None = None  # an in-band error, framed
+    # Catalog engines known not to serve it: their models' requests are translated from
+    # the first, without a refused request to learn it from.
+    without: frozenset = frozenset()
+
+    def reader(self, meter: Meter, client_usage: bool):
+        """The reader of one attempt's stream in this API (`client_usage`: the client
+        asked for OpenAI's usage chunk, or a translation needs it)."""
+        if self.ends:
+            return NativeStream(meter, self.ends, self.content)
+        return OpenAIStream(meter, client_usage)
+
+    def stream_error(self, message: str, status: int) -> bytes:
+        return self.error_event(message, status)
+
+
+def openai_error_event(message: str, status: int) -> bytes:
+    """OpenAI's in-band error: a data event holding an error object (what its SDKs raise)."""
+    body = {"error": {"message": message, "type": "server_error", "param": None,
+                      "code": f"upstream_{status}"}}  # fmt: skip
+    return sse.event(json.dumps(body).encode())
+
+
+OPENAI = Api("openai", error_event=openai_error_event)

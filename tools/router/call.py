@@ -10,14 +10,15 @@ import json
 import time
 
 from llmgw import log
-from llmgw_router import metrics, prefix, sse, tokens
+from llmgw_router import metrics, prefix, tokens
 from llmgw_router.api import OPENAI
 from llmgw_router.errors import ApiError, Untranslatable, api_error
 from llmgw_router.exchange import Answer, Stream
 from llmgw_router.meter import Meter
+from llmgw_router.relay import Relay
 from llmgw_router.routing import Endpoint
-from llmgw_router.splice import model_field, set_model
-from llmgw_router.upstream import Response, UpstreamError
+from llmgw_router.splice import model_field
+from llmgw_router.upstream import UpstreamError
 
 _log = log.get("llmgw.router")
 
@@ -55,15 +56,11 @@ class Upstreams:
         return info.name if info is not None else model
 
 
-class Call:
-    """One model's attempt at a request, from choosing an endpoint to the last byte."""
+class Call(Relay):
+    """One model's attempt at a request, from choosing an endpoint to the last byte (the
+    client's side of it is the Relay's)."""
 
-    __slots__ = (
-        "up", "request", "route", "rid", "model", "stream", "client_usage", "headers",
-        "t0", "t_first", "status", "endpoint", "meter", "overhead", "resp", "_keepalive",
-        "_keepalive_task", "_waiting_first", "before_done", "_broke", "field", "translator",
-        "translating", "affinity", "_framer", "_reader", "on_answer",
-    )  # fmt: skip
+    __slots__ = ("up", "t0")
 
     def __init__(self, up: Upstreams, request, route, rid, model, stream, client_usage, t0,
                  headers):  # fmt: skip
@@ -78,6 +75,7 @@ class Call:
         self.stream = stream
         self.client_usage = client_usage
         self.headers = headers  # sent with the answer, whatever it is (x-ratelimit-*)
+        self.keepalive_s = up.keepalive_s
         self.t0 = t0
         self.t_first = None
         self.status = CLIENT_CLOSED  # until we know better
@@ -296,170 +294,6 @@ class Call:
             return self.resp
         return self._finish(err)
 
-    # -- relaying --------------------------------------------------------------------
-
-    async def _relay_whole(self, upstream: Response) -> Answer | Stream | None:
-        try:
-            data = upstream.whole()
-            if data is None:
-                data = await upstream.read()
-        except UpstreamError as e:
-            return await self._engine_broke(e)
-        if self._keepalive_task is not None:
-            await self._settle()
-        t = time.perf_counter()
-        self.status = upstream.status
-        if upstream.status == 200:
-            self.meter.whole(data)
-            if self.translating:
-                data = self.translator.whole(data)
-            else:
-                data = set_model(data, self.field)
-            data = self._final(data)
-        elif self.resp is None:
-            data = engine_error_body(upstream.status, data)
-        if self.resp is not None:  # the stream was committed by a keepalive: say it in-band
-            await self._write_error_event(error_message(data), upstream.status)
-            return self.resp
-        resp = Answer(
-            upstream.status,
-            data,
-            {"Content-Type": upstream.headers.get("content-type", "application/json")},
-        )
-        self.overhead += time.perf_counter() - t
-        return self._finish(resp)
-
-    async def _relay_stream(self, upstream: Response) -> Answer | Stream | None:
-        self.status = 200
-        self._framer = sse.Framer()
-        self._reader = self._stream_reader()
-        key = self.affinity
-        try:
-            while (chunk := await upstream.next()) is not None:
-                out = self._relay_piece(chunk)
-                # Not at a prompt-progress event: the engine has not begun answering.
-                if key is not None and not key.answered_at and (out or self.meter.progress is None):
-                    prefix.answered(key, asyncio.get_running_loop().time())
-                if out:
-                    await self._write(out)
-                if self.resp is not None and not self._waiting_first:
-                    await self._push(upstream)
-            out = self._relay_piece(b"", end=True)
-            if out:
-                await self._write(out)
-        except UpstreamError as e:
-            return await self._engine_broke(e)
-        if not self.meter.ended:
-            # An event cut off before its blank line is no event (as the standard says):
-            # only a whole end event makes a stream complete.
-            reason = self._upstream_failed(
-                self.endpoint, "stream ended without its end event", kind="stream_interrupted"
-            )
-            if self.resp is None:
-                self._broke = reason
-                return None
-            self.status = 502
-            await self._write_error_event("The engine ended the stream early.", 502)
-            return self.resp
-        await self.resp.write_eof()
-        return self.resp
-
-    def _stream_reader(self):
-        """The reader of this attempt's stream: an OpenAI stream (chat, completions, or
-        the chat stream a translation reads), or another API's own."""
-        if self.translating:  # the translator needs chat's usage chunk
-            return OPENAI.reader(self.meter, True)
-        return self.route.api.reader(self.meter, self.client_usage)
-
-    def _relay_piece(self, chunk: bytes, end: bool = False) -> bytes:
-        """A piece of the engine's stream in (`end`: the stream's end); the whole events
-        it completes out, as the client is to read them (the rest waits in the framer
-        for the next piece)."""
-        t = time.perf_counter()
-        events = self._framer.close() if end else self._framer.feed(chunk)
-        meter = self.meter
-        if meter.progress is not None and events:
-            events = meter.progress.take(events)
-        if not events:
-            return b""
-        ended = meter.ended
-        events = self._reader.read(events)
-        if self.t_first is None and meter.events:
-            self.t_first = t
-            self._stop_keepalive()
-        out = b""
-        if events:
-            if meter.ended and not ended:
-                self._done()
-                out = self._final(self._shape(events))
-            else:
-                out = self._shape(events)
-        self.overhead += time.perf_counter() - t
-        return out
-
-    async def _push(self, upstream: Response) -> None:
-        """Relay what follows from the engine connection's callback, each piece written
-        to the client as it comes, with no task woken for it: a stream's chunks arrive
-        one by one, and waking this task for each cost more CPU than relaying it. Back
-        to the task when the stream ends or fails, or while the client is slow to read
-        (the engine is then read no faster than the client reads). Only once the client
-        has the stream's head and no keepalive can write alongside."""
-        resp = self.resp
-        push = getattr(resp, "push", None)  # the http1 transport's streams have it
-        keepalive = self._keepalive_task
-        if push is None or (keepalive is not None and not keepalive.done()):
-            return
-        failed = []
-
-        def sink(piece: bytes) -> None:
-            try:
-                out = self._relay_piece(piece)
-                if out and not push(out):
-                    upstream.detach()
-            except BaseException as e:  # noqa: BLE001 - raised again in the task
-                failed.append(e)
-                upstream.detach()
-
-        await upstream.push(sink)
-        if failed:
-            raise failed[0]
-        await resp.drain()
-
-    def _shape(self, events: list[bytes]) -> bytes:
-        """Events as the client's API says them, naming the served model."""
-        if self.translator is not None:
-            return self.translator.feed(events)
-        return set_model(sse.join(events), self.field)
-
-    def _final(self, data: bytes) -> bytes:
-        """The whole answer, or a stream's last block, past the route's hook (the
-        Responses API keeps it)."""
-        hook = self.on_answer
-        return (hook(data) or data) if hook is not None else data
-
-    def _done(self) -> None:
-        hook, self.before_done = self.before_done, None
-        if hook is not None:
-            hook()
-
-    async def _engine_broke(self, err: UpstreamError) -> Answer | Stream | None:
-        """The engine failed after it had started answering. Before anything reached the
-        client, None: try another endpoint (an engine killed while it read a long prompt
-        had sent its stream's headers, and the chaos suite saw that answered 502). After,
-        too late: the client hears it."""
-        reason = self._upstream_failed(self.endpoint, err, kind="stream_interrupted")
-        if self.resp is None:
-            self._broke = reason
-            return None
-        self.status = 502
-        message = f"The engine failed mid-response: {err}"
-        if self.resp is None:
-            return self._finish(
-                api_error(502, message, "server_error", "upstream_interrupted", self.rid)
-            )
-        await self._write_error_event(message, 502)
-        return self.resp
-
     def _ask_progress(self, ep: Endpoint, body: bytes) -> bytes:
         """The body, asking llama-server for the prompt's size at the stream's start
         (tokens.py), so a stream cut short still bills its prompt. The engine is the
@@ -482,112 +316,8 @@ class Call:
         self.meter.progress = tokens.Progress()
         return asked
 
-    # -- writing to the client ---------------------------------------------------------
-
-    async def _ensure_stream(self) -> Stream:
-        if self.resp is None:
-            headers = self._client_headers(
-                {
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-cache",
-                    "X-Accel-Buffering": "no",
-                }
-            )
-            self.resp = await self.request.open_stream(200, headers)
-        return self.resp
-
-    async def _write(self, data: bytes) -> None:
-        if self._keepalive_task is not None:
-            await self._settle()
-        resp = self.resp or await self._ensure_stream()
-        await resp.write(data)
-
-    async def _write_error_event(self, message: str, status: int) -> None:
-        try:
-            await self._write(self.route.api.error_event(message, status))
-            await self.resp.write_eof()
-        except ConnectionError:
-            pass  # the client left too; the usage row still says what happened
-
-    def _client_headers(self, extra: dict) -> dict:
-        extra["x-request-id"] = self.rid
-        extra["x-llmgw-served-model"] = self.model
-        if self.headers:
-            extra.update(self.headers)
-        return extra
-
-    def _finish(self, resp: Answer) -> Answer:
-        resp.headers["x-request-id"] = self.rid
-        resp.headers["x-llmgw-served-model"] = self.model
-        if self.headers:
-            resp.headers.update(self.headers)
-        return resp
-
     @property
     def failed_early(self) -> bool:
         """It failed (a 5xx, or no engine answered) before anything reached the client:
         another model may still answer."""
         return self.resp is None and self.status >= 500 and self.status != CLIENT_CLOSED
-
-    # -- keepalive while waiting for the first token ----------------------------------
-
-    def _arm_keepalive(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._keepalive = loop.call_later(self.up.keepalive_s, self._keepalive_due)
-
-    def _keepalive_due(self) -> None:
-        self._keepalive_task = asyncio.ensure_future(self._send_keepalive())
-
-    async def _send_keepalive(self) -> None:
-        try:
-            resp = self.resp or await self._ensure_stream()
-            await resp.write(sse.KEEPALIVE)
-        except ConnectionError:
-            return
-        if self._waiting_first:
-            self._arm_keepalive()
-
-    def _stop_keepalive(self) -> None:
-        self._waiting_first = False
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            self._keepalive = None
-
-    async def _settle(self) -> None:
-        """Let a keepalive write under way finish, so two writers never interleave.
-        (Callers look at _keepalive_task first: most requests never had one.)"""
-        task = self._keepalive_task
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            await asyncio.shield(task)
-
-
-# -- helpers -----------------------------------------------------------------------------
-
-
-def error_message(data: bytes) -> str:
-    try:
-        return json.loads(data)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return data[:300].decode(errors="replace")
-
-
-def engine_error_body(status: int, data: bytes) -> bytes:
-    """An engine's error, passed on in OpenAI's shape whatever shape it came in."""
-    try:
-        obj = json.loads(data)
-        if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
-            return data
-    except ValueError:
-        pass
-    text = data[:500].decode(errors="replace").strip() or f"HTTP {status}"
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return json.dumps(
-        {
-            "error": {
-                "message": f"The engine answered: {text}",
-                "type": kind,
-                "param": None,
-                "code": f"engine_{status}",
-            }
-        }
-    ).encode()

@@ -7,7 +7,9 @@ the route's name, for what differs between them:
   content, where usage is;
 - how it is translated to chat completions for an engine that does not serve it, and
   chat's answers back (None: OpenAI's own, sent to every engine as it came);
-- its errors: a whole error answer in its shape, and an error event in its stream.
+- its errors: a whole error answer in its shape (`shaped`), and an error event in its
+  stream (`error_event`); the path makes every error in OpenAI's shape (ApiError), and
+  these are the one place each API's become its bytes.
 
 Adding an API is one such value and its routes; the request path has no branch on
 which API it is."""
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmgw_router import sse
+from llmgw_router.exchange import Answer
 from llmgw_router.meter import Meter, NativeStream, OpenAIStream
 
 
@@ -44,8 +47,20 @@ class Api:
             return NativeStream(meter, self.ends, self.content)
         return OpenAIStream(meter, client_usage)
 
-    def stream_error(self, message: str, status: int) -> bytes:
-        return self.error_event(message, status)
+    def shaped(self, resp):
+        """An error answer the request path made in OpenAI's shape (every error is made
+        so, and an engine's is put so: relay.engine_error_body), as this API says it:
+        the one place its whole errors become its bytes."""
+        if self.error is None or resp.status < 400 or not isinstance(resp, Answer):
+            return resp
+        try:
+            body = json.loads(resp.body)
+        except (ValueError, TypeError):
+            return resp
+        if isinstance(body, dict):
+            resp.status, shaped = self.error(resp.status, body)
+            resp.body = json.dumps(shaped).encode()
+        return resp
 
 
 def openai_error_event(message: str, status: int) -> bytes:

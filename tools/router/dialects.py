@@ -112,19 +112,9 @@ RESPONSES_ROUTE = Route(
 
 def handler(route: Route):
     """The route's handler: the request path, with errors in the API's own shape."""
-    reshape = route.api.error
 
     async def handle(request) -> Answer | Stream:
-        resp = await request.app["proxy"].forward(request, route)
-        if reshape is not None and resp.status >= 400 and isinstance(resp, Answer):
-            try:
-                body = json.loads(resp.body)
-            except (ValueError, TypeError):
-                return resp
-            if isinstance(body, dict):
-                resp.status, shaped = reshape(resp.status, body)
-                resp.body = json.dumps(shaped).encode()
-        return resp
+        return route.api.shaped(await request.app["proxy"].forward(request, route))
 
     return handle
 

@@ -328,21 +328,13 @@ def test_a_stream_waiting_for_its_first_event_is_kept_alive_and_then_answered(ap
     assert (row.status, row.completion_tokens) == (200, len(WORDS))
 
 
-# Found by these tests: a keepalive committed the stream, and from then on a 503, a
-# stream broken before its first event, or a 404 on another API's path was told to the
-# client in-band instead of passed to another endpoint (a refusal was retried).
-BUG = pytest.mark.xfail(
-    strict=True, reason="after a keepalive, a failure before the first event is not retried"
-)
-
-
 @pytest.mark.parametrize(
     "api, native, fail",
     [
         pytest.param(CHAT, True, REFUSE, id="refused"),
-        pytest.param(CHAT, True, 503, id="503", marks=BUG),
-        pytest.param(CHAT, True, BREAK_BEFORE, id="broken_before_its_first_event", marks=BUG),
-        pytest.param(MESSAGES, False, None, id="lacking_the_apis_path", marks=BUG),
+        pytest.param(CHAT, True, 503, id="503"),
+        pytest.param(CHAT, True, BREAK_BEFORE, id="broken_before_its_first_event"),
+        pytest.param(MESSAGES, False, None, id="lacking_the_apis_path"),
     ],
 )
 def test_an_engine_failing_after_only_keepalives_went_out_is_passed_over_for_another(

@@ -61,7 +61,7 @@ class Call:
         "up", "request", "route", "rid", "model", "stream", "client_usage", "headers",
         "t0", "t_first", "status", "endpoint", "meter", "overhead", "resp", "_keepalive",
         "_keepalive_task", "_waiting_first", "before_done", "_broke", "field", "translator",
-        "translating", "affinity", "_framer", "_reader",
+        "translating", "affinity", "_framer", "_reader", "_answered",
     )  # fmt: skip
 
     def __init__(self, up: Upstreams, request, route, rid, model, stream, client_usage, t0,
@@ -84,6 +84,9 @@ class Call:
         self.meter = Meter()  # what the engine said this attempt cost (meter.py)
         self.overhead = 0.0
         self.resp: Stream | None = None  # set once headers went to the client
+        # Whether the client has had anything an engine said (or an error), rather than
+        # only keepalives: until it has, another endpoint may still answer.
+        self._answered = False
         self._keepalive = None
         self._keepalive_task = None
         self._waiting_first = False
@@ -150,7 +153,7 @@ class Call:
                         tried.pop()  # the same endpoint again, in chat: not a failure
                         attempts += 1
                         continue
-                    if upstream.status in _RETRY_STATUSES and self.resp is None:
+                    if upstream.status in _RETRY_STATUSES and not self._answered:
                         text = (await upstream.read())[:300].decode(errors="replace")
                         last_reason = self._upstream_failed(
                             ep, f"HTTP {upstream.status} {text}", kind=f"http_{upstream.status}"
@@ -234,7 +237,7 @@ class Call:
         so this and later requests go to it translated."""
         if status not in _NO_SUCH_PATH or self.route.dialect is None or self.translating:
             return False
-        if self.resp is not None:
+        if self._answered:
             return False
         self.up.lacking.add((ep.url, self.route.path))
         _log.info("engine_lacks_path", endpoint=ep.id, path=self.route.path, status=status)
@@ -351,7 +354,7 @@ class Call:
             reason = self._upstream_failed(
                 self.endpoint, "stream ended without its end event", kind="stream_interrupted"
             )
-            if self.resp is None:
+            if not self._answered:
                 self._broke = reason
                 return None
             self.status = 502
@@ -404,6 +407,7 @@ class Call:
         keepalive = self._keepalive_task
         if push is None or (keepalive is not None and not keepalive.done()):
             return
+        self._answered = True  # what it pushes goes to the client unseen by _write
         failed = []
 
         def sink(piece: bytes) -> None:
@@ -443,7 +447,7 @@ class Call:
         had sent its stream's headers, and the chaos suite saw that answered 502). After,
         too late: the client hears it."""
         reason = self._upstream_failed(self.endpoint, err, kind="stream_interrupted")
-        if self.resp is None:
+        if not self._answered:
             self._broke = reason
             return None
         self.status = 502
@@ -473,6 +477,7 @@ class Call:
         if self._keepalive_task is not None:
             await self._settle()
         resp = self.resp or await self._ensure_stream()
+        self._answered = True
         await resp.write(data)
 
     async def _write_error_event(self, message: str, status: int) -> None:

@@ -134,8 +134,8 @@ class Engine:
 
 
 class Reply:
-    """An engine's response: `pieces` of its body as they come, then `then` (an
-    UpstreamError) or the end."""
+    """An engine's response (upstream.Response): `pieces` of its body as they come,
+    then `then` (an UpstreamError) or the end."""
 
     def __init__(self, status: int, pieces: list[bytes], content_type: str, then=None):
         self.status = status
@@ -211,12 +211,12 @@ class Engines:
         if engine.hold is not None:
             await engine.hold.wait()
         serves = path in OPENAI_PATHS or (engine.native and path in APIS)
-        fail = engine.fail
-        if fail is None and self.fail_next:
-            nxt = self.fail_next[0]
-            if serves or nxt in (REFUSE, EMFILE) or isinstance(nxt, int):
-                fail = self.fail_next.pop(0)
-        if fail is not None:
+        fail = engine.fail if engine.fail is not None else next(iter(self.fail_next), None)
+        if not (serves or fail in (REFUSE, EMFILE) or isinstance(fail, int)):
+            fail = None  # a path it lacks is answered 404 first; the failure waits
+        elif fail is not None:
+            if engine.fail is None:
+                self.fail_next.pop(0)
             self.failed.append(self.sent[-1])
         if fail == REFUSE:
             raise UpstreamError("connect", f"cannot connect to {origin}")
@@ -270,8 +270,8 @@ def error_body(status: int, message: str) -> bytes:
 
 
 class Client:
-    """The client's end of a streamed answer: its head, the bytes it was sent, whether
-    it was ended. With `push`, it has the http1 transport's fast path too."""
+    """The client's end of a streamed answer, as the aiohttp transport's (no push): its
+    head, the bytes it was sent, whether it was ended."""
 
     def __init__(self, status: int, headers: dict):
         self.status, self.headers = status, headers

@@ -345,8 +345,22 @@ def test_an_engine_failing_after_only_keepalives_went_out_is_passed_over_for_ano
     core = two_engines(native, keepalive_s=0.01)
     core.engines.fail_next = [fail] if fail is not None else []
     got = kept_alive_then(core, api, core.key("k"))
+    assert got.body.startswith(sse.KEEPALIVE) and len(core.engines.failed) == (fail is not None)
     evs = events(got.body)
     assert not any(map(api.error_event, evs)), evs[-1]
     assert "".join(filter(None, map(api.delta, evs))) == TEXT and api.end(evs[-1])
     (row,) = core.usage.rows
     assert row.status == 200
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda a: a.name)
+def test_when_every_engine_fails_after_a_keepalive_the_client_hears_it_in_its_stream(api: Api):
+    core = two_engines(native=True, keepalive_s=0.01)
+    core.engines.fail_next = [503] * ENGINES
+    got = kept_alive_then(core, api, core.key("k"))
+    assert got.streamed and got.status == 200 and got.ended
+    evs = events(got.body)
+    assert len(evs) == 1 and api.error_event(evs[0]), evs
+    assert len(core.engines.failed) == ENGINES, "each engine was tried"
+    (row,) = core.usage.rows
+    assert (row.status, row.completion_tokens) == (502, 0)

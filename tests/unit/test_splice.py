@@ -129,12 +129,14 @@ def test_the_usage_splice_equals_parsing_and_dumping_over_the_captured_streams(p
 
 
 def content_events(block: bytes) -> int:
-    """Chunks that carry content: every data event but the usage-only one."""
+    """Chunks that carry a generated token: content, a tool call's piece (not the role
+    chunk, the finish chunk or the usage-only one)."""
     n = 0
     for event in block.split(b"\n\n"):
         if event.startswith(b"data: {"):
-            obj = json.loads(event[6:])
-            n += bool(obj.get("choices")) or not isinstance(obj.get("usage"), dict)
+            for choice in json.loads(event[6:]).get("choices") or []:
+                delta = choice.get("delta") or {}
+                n += bool(delta.get("content") or delta.get("tool_calls"))
     return n
 
 

@@ -83,6 +83,9 @@ class Call(Relay):
         self.meter = Meter()  # what the engine said this attempt cost (meter.py)
         self.overhead = 0.0
         self.resp: Stream | None = None  # set once headers went to the client
+        # Whether the client has had anything an engine said (or an error), rather than
+        # only keepalives: until it has, another endpoint may still answer.
+        self._answered = False
         self._keepalive = None
         self._keepalive_task = None
         self._waiting_first = False
@@ -151,7 +154,7 @@ class Call(Relay):
                         tried.pop()  # the same endpoint again, in chat: not a failure
                         attempts += 1
                         continue
-                    if upstream.status in _RETRY_STATUSES and self.resp is None:
+                    if upstream.status in _RETRY_STATUSES and not self._answered:
                         text = (await upstream.read())[:300].decode(errors="replace")
                         last_reason = self._upstream_failed(
                             ep, f"HTTP {upstream.status} {text}", kind=f"http_{upstream.status}"
@@ -235,7 +238,7 @@ class Call(Relay):
         so this and later requests go to it translated."""
         if status not in _NO_SUCH_PATH or self.route.api.translate is None or self.translating:
             return False
-        if self.resp is not None:
+        if self._answered:
             return False
         self.up.lacking.add((ep.url, self.route.path))
         _log.info("engine_lacks_path", endpoint=ep.id, path=self.route.path, status=status)

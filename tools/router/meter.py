@@ -91,6 +91,29 @@ class Meter:
         return progress.total, progress.cached
 
 
+# What a chunk says when it carries no generated token: the role-only first chunk, the
+# finish chunk. Found on the bytes, compact or spaced as JSON writers put them: an
+# unescaped quote never stands inside a string, so no text a model writes can look like
+# these.
+_EMPTY = tuple(
+    mark
+    for compact in (b'"content":""', b'"content":null', b'"delta":{}', b'"text":""')
+    for mark in (compact, compact.replace(b":", b": ", 1))
+)
+
+_TOOL_CALLS = (b'"tool_calls":[', b'"tool_calls": [')
+
+
+def _empty(data: bytes) -> bool:
+    """A chunk with no content, tool call or reasoning: not billed as a token when the
+    stream is cut short (a cut chat stream billed its role and finish chunks)."""
+    return (
+        any(mark in data for mark in _EMPTY)
+        and not any(mark in data for mark in _TOOL_CALLS)  # not finish_reason "tool_calls"
+        and b'"reasoning' not in data
+    )
+
+
 class OpenAIStream:
     """An OpenAI stream's events in, the events the client gets out (see the module)."""
 
@@ -110,7 +133,7 @@ class OpenAIStream:
                 data = event[6:]
                 if _USAGE in data:
                     out = self._usage(event, data)
-                else:
+                elif not _empty(data):
                     meter.events += 1
             else:  # a comment, another framing, the end
                 data = sse.data_of(event)
@@ -123,7 +146,7 @@ class OpenAIStream:
                 if data is not None and data[:1] == b"{":
                     if _USAGE in data:
                         out = self._usage(event, data)
-                    else:
+                    elif not _empty(data):
                         meter.events += 1
             if out is not event and kept is None:
                 kept = events[:i]
@@ -142,7 +165,7 @@ class OpenAIStream:
             self.meter.events += 1  # "usage" in its text only
             return event
         self.meter.take(obj["usage"], obj)
-        if obj.get("choices"):
+        if obj.get("choices") and not _empty(data):
             self.meter.events += 1
         if self.client_usage:
             return event

@@ -13,7 +13,6 @@ import time
 
 from llmgw_router import prefix, sse
 from llmgw_router.api import OPENAI
-from llmgw_router.errors import api_error
 from llmgw_router.exchange import Answer, Stream
 from llmgw_router.splice import set_model
 from llmgw_router.upstream import Response, UpstreamError
@@ -28,7 +27,7 @@ class Relay:
         "request", "rid", "model", "stream", "client_usage", "headers", "t_first", "status",
         "meter", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
         "before_done", "_broke", "field", "translator", "translating", "_framer", "_reader",
-        "on_answer", "route", "endpoint", "affinity", "keepalive_s",
+        "on_answer", "route", "endpoint", "affinity", "keepalive_s", "_answered",
     )  # fmt: skip
 
     def _upstream_failed(self, ep, err, kind: str) -> str:
@@ -95,7 +94,7 @@ class Relay:
             reason = self._upstream_failed(
                 self.endpoint, "stream ended without its end event", kind="stream_interrupted"
             )
-            if self.resp is None:
+            if not self._answered:
                 self._broke = reason
                 return None
             self.status = 502
@@ -149,6 +148,7 @@ class Relay:
         keepalive = self._keepalive_task
         if push is None or (keepalive is not None and not keepalive.done()):
             return
+        self._answered = True  # what it pushes goes to the client unseen by _write
         failed = []
 
         def sink(piece: bytes) -> None:
@@ -188,16 +188,11 @@ class Relay:
         had sent its stream's headers, and the chaos suite saw that answered 502). After,
         too late: the client hears it."""
         reason = self._upstream_failed(self.endpoint, err, kind="stream_interrupted")
-        if self.resp is None:
+        if not self._answered:
             self._broke = reason
             return None
         self.status = 502
-        message = f"The engine failed mid-response: {err}"
-        if self.resp is None:
-            return self._finish(
-                api_error(502, message, "server_error", "upstream_interrupted", self.rid)
-            )
-        await self._write_error_event(message, 502)
+        await self._write_error_event(f"The engine failed mid-response: {err}", 502)
         return self.resp
 
     # -- writing to the client ---------------------------------------------------------
@@ -218,6 +213,7 @@ class Relay:
         if self._keepalive_task is not None:
             await self._settle()
         resp = self.resp or await self._ensure_stream()
+        self._answered = True
         await resp.write(data)
 
     async def _write_error_event(self, message: str, status: int) -> None:

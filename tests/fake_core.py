@@ -298,8 +298,10 @@ class PushingClient(Client):
 
     pushed = 0
 
-    def push(self, data: bytes) -> bool:
+    def push(self, data: bytes, last: bool = False) -> bool:
         self._take(data)
+        if last:
+            self.ended = True
         self.pushed += 1
         return self.pushed % 3 != 0
 

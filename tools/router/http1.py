@@ -129,8 +129,10 @@ class Request:
         if not self.keep_alive:
             framing += b"Connection: close\r\n"
         self.answered = True
-        self.conn.write(head(status, headers, framing))
-        return _Stream(self, status, headers, chunked)
+        # The head goes out with the body's first piece (a keepalive, or the first
+        # events), one write rather than two: on this VM a stream's writes cost more
+        # than its parsing.
+        return _Stream(self, status, headers, chunked, head(status, headers, framing))
 
     def get(self, name, default=None):
         return self.values.get(name, default)
@@ -164,29 +166,43 @@ class Request:
 
 
 class _Stream(Stream):
-    __slots__ = ("req", "status", "headers", "chunked", "ended")
+    __slots__ = ("req", "status", "headers", "chunked", "ended", "_head")
 
-    def __init__(self, req: Request, status: int, headers: dict, chunked: bool):
+    def __init__(self, req: Request, status: int, headers: dict, chunked: bool, head: bytes):
         self.req, self.status, self.headers = req, status, headers
         self.chunked = chunked
         self.ended = False
+        self._head = head  # not written yet
 
     async def write(self, data: bytes) -> None:
         if not self.push(data):
             await self.drain()
 
-    def push(self, data: bytes) -> bool:
+    def push(self, data: bytes, last: bool = False) -> bool:
         """write() without waiting, for a piece relayed from an engine connection's
-        callback: False when the client is slow to read (await drain() before more)."""
+        callback: False when the client is slow to read (await drain() before more).
+        `last`: the body ends with it, in the same write."""
         conn = self.req.conn
         if conn.transport is None or conn.closing:
             raise ConnectionResetError("the client closed the connection")
-        if data and not self.req.head_only:
-            if self.chunked:
-                conn.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
-            else:
-                conn.transport.write(data)
+        parts = self._parts(data, last)
+        if parts:
+            conn.transport.writelines(parts)
         return not conn.paused_writing
+
+    def _parts(self, data: bytes, last: bool) -> list[bytes]:
+        parts = []
+        if self._head is not None:
+            parts.append(self._head)
+            self._head = None
+        if not self.req.head_only:
+            if data:
+                parts += (b"%x\r\n" % len(data), data, b"\r\n") if self.chunked else (data,)
+            if last and self.chunked:
+                parts.append(b"0\r\n\r\n")
+        if last:
+            self.ended = True
+        return parts
 
     async def drain(self) -> None:
         conn = self.req.conn
@@ -196,9 +212,9 @@ class _Stream(Stream):
     async def write_eof(self) -> None:
         if self.ended:
             return
-        self.ended = True
-        if self.chunked and not self.req.head_only:
-            self.req.conn.write(b"0\r\n\r\n")
+        parts = self._parts(b"", last=True)
+        if parts:
+            self.req.conn.write(b"".join(parts))
 
 
 class Conn(asyncio.Protocol):

@@ -18,6 +18,7 @@ a model writes can end a stream or make up its usage (seen: a chat answer that r
 """
 
 import json
+import re
 
 from llmgw_router import sse, tokens
 from llmgw_router.exchange import loads
@@ -94,24 +95,15 @@ class Meter:
 # What a chunk says when it carries no generated token: the role-only first chunk, the
 # finish chunk. Found on the bytes, compact or spaced as JSON writers put them: an
 # unescaped quote never stands inside a string, so no text a model writes can look like
-# these.
-_EMPTY = tuple(
-    mark
-    for compact in (b'"content":""', b'"content":null', b'"delta":{}', b'"text":""')
-    for mark in (compact, compact.replace(b":", b": ", 1))
-)
-
-_TOOL_CALLS = (b'"tool_calls":[', b'"tool_calls": [')
+# these. One search each (a generator over eight marks cost ~1.5 µs a chunk).
+_EMPTY = re.compile(rb'"(?:content|text)": ?(?:""|null)|"delta": ?\{\}')
+_GENERATED = re.compile(rb'"tool_calls": ?\[|"reasoning')  # not finish_reason "tool_calls"
 
 
 def _empty(data: bytes) -> bool:
     """A chunk with no content, tool call or reasoning: not billed as a token when the
     stream is cut short (a cut chat stream billed its role and finish chunks)."""
-    return (
-        any(mark in data for mark in _EMPTY)
-        and not any(mark in data for mark in _TOOL_CALLS)  # not finish_reason "tool_calls"
-        and b'"reasoning' not in data
-    )
+    return _EMPTY.search(data) is not None and _GENERATED.search(data) is None
 
 
 class OpenAIStream:

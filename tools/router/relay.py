@@ -154,7 +154,8 @@ class Relay:
         def sink(piece: bytes) -> None:
             try:
                 out = self._relay_piece(piece)
-                if out and not push(out):
+                # The piece with the end event ends the body in the same write.
+                if out and not (push(out, last=True) if self.meter.ended else push(out)):
                     upstream.detach()
             except BaseException as e:  # noqa: BLE001 - raised again in the task
                 failed.append(e)

@@ -216,9 +216,16 @@ def ask_usage(body: bytes) -> bytes | None:
     the stream's usage, spliced in as its first member; None if it does not start like
     an object (the caller serialises the payload instead). Both mean the same object to
     the engine: only a new member is added, and the object had none of that name."""
+    return first_member(body, _ASK_USAGE)
+
+
+def first_member(body: bytes, member: bytes) -> bytes | None:
+    """`member` (`"name":value,`) spliced in as the first member of the JSON object in
+    `body`, which has members and none of that name; None if it does not start like an
+    object."""
     i = 0
     while i < len(body) and body[i] in b" \t\r\n":
         i += 1
     if i >= len(body) or body[i] != 0x7B:
         return None
-    return body[: i + 1] + _ASK_USAGE + body[i + 1 :]
+    return body[: i + 1] + member + body[i + 1 :]

@@ -20,6 +20,7 @@ things stood in the way:
 import json
 
 from llmgw_router import sse
+from llmgw_router.splice import first_member
 
 _PROGRESS_KEY = b'"prompt_progress"'
 _ASK_PROGRESS = b'"return_progress":true,'
@@ -71,12 +72,7 @@ def ask_progress(body: bytes) -> bytes | None:
     that asked for the events itself gets them)."""
     if _RETURN_PROGRESS in body:
         return None
-    i = 0
-    while i < len(body) and body[i] in b" \t\r\n":
-        i += 1
-    if i >= len(body) or body[i] != 0x7B:
-        return None
-    return body[: i + 1] + _ASK_PROGRESS + body[i + 1 :]
+    return first_member(body, _ASK_PROGRESS)
 
 
 class Progress:

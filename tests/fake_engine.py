@@ -29,10 +29,10 @@ trailing backslash, so JSON escapes it) unless started with `--alias NAME`.
 it answered at once (`peak_active`), and the
 last request's headers and body, so tests can check what the router forwarded. Any other
 path (as /v1/messages or /v1/responses: it serves neither) is answered 404 and listed in
-`unknown_paths`. With `{"responses": true}` it serves /v1/responses itself, whole and
-streamed, with exactly the fields llama-server's own answers have (its server-task.cpp:
-no instructions, tools, temperature..., events without sequence numbers, no [DONE]), and
-refuses previous_response_id as llama-server does.
+`unknown_paths`. With `{"native": true}` it serves both itself, with `{"responses": true}`
+/v1/responses alone, whole and streamed, with exactly the fields llama-server's own
+answers have (no instructions, tools, temperature..., events without sequence numbers,
+no [DONE]), and refuses previous_response_id as llama-server does.
 """
 
 import argparse
@@ -91,14 +91,14 @@ class Engine:
         app.router.add_post("/_control", self.control)
         app.router.add_get("/_stats", self.stats)
         app.router.add_get("/slots", self.slots)
-        app.router.add_post("/v1/responses", self.native_responses)
         app.router.add_route("*", "/{tail:.*}", self.unknown)
         return app
 
     async def unknown(self, request):
         """A path it does not serve (/v1/messages, /v1/responses unless `native`): 404,
         and noted."""
-        if self.native and request.method == "POST" and request.path in NATIVE:
+        native = self.native or (self.responses and request.path == "/v1/responses")
+        if native and request.method == "POST" and request.path in NATIVE:
             return await self.generate(request)
         self.unknown_paths.append(request.path)
         return web.json_response({"error": {"message": "File Not Found"}}, status=404)
@@ -108,9 +108,20 @@ class Engine:
 
     async def control(self, request):
         body = await request.json()
-        for field in ("mode", "chunks", "delay_s", "first_delay_s", "drop_after", "n_slots",
-                      "extra_busy", "cache", "pieces", "framing", "native",
-                      "responses"):  # fmt: skip
+        for field in (
+            "mode",
+            "chunks",
+            "delay_s",
+            "first_delay_s",
+            "drop_after",
+            "n_slots",
+            "extra_busy",
+            "cache",
+            "pieces",
+            "framing",
+            "native",
+            "responses",
+        ):
             if field in body:
                 setattr(self, field, body[field])
         if body.get("release"):
@@ -147,8 +158,7 @@ class Engine:
         """Usage (and llama-server's timings) for a request, with its prompt cache."""
         n = len(self._pieces())
         if self.cache is None:
-            return {"usage": {"prompt_tokens": 7, "completion_tokens": n,
-                              "total_tokens": 7 + n}}  # fmt: skip
+            return {"usage": {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}}
         if isinstance(body.get("messages"), list):
             text = "".join(f"<{m.get('role')}>{m.get('content')}" for m in body["messages"])
         else:
@@ -225,6 +235,14 @@ class Engine:
         body = await request.json()
         self.requests += 1
         self.last_headers, self.last_body = dict(request.headers), body
+        api = NATIVE.get(request.path)
+        if api is Responses and "previous_response_id" in body:  # llama-server keeps no state
+            error = {
+                "message": "previous_response_id is not supported",
+                "code": 400,
+                "type": "invalid_request_error",
+            }
+            return web.json_response({"error": error}, status=400)
         if self.mode == "fail":
             return web.json_response(
                 {"error": {"message": "fake engine told to fail", "type": "server_error"}},
@@ -233,7 +251,6 @@ class Engine:
         if self.mode == "busy":
             return web.json_response({"error": {"message": "Loading model"}}, status=503)
         chat = request.path.endswith("chat/completions")
-        api = NATIVE.get(request.path)
         self.active += 1
         self.peak_active = max(self.peak_active, self.active)
         try:
@@ -270,51 +287,6 @@ class Engine:
             raise
         finally:
             self.active -= 1
-
-    async def native_responses(self, request):
-        """/v1/responses as llama-server answers it (when told to serve it)."""
-        if not self.responses:
-            return await self.unknown(request)
-        denied = self._check(request)
-        if denied:
-            return denied
-        body = await request.json()
-        self.requests += 1
-        self.last_headers, self.last_body = dict(request.headers), body
-        if "previous_response_id" in body:
-            return web.json_response(
-                {"error": {"message": "previous_response_id is not supported", "code": 400,
-                           "type": "invalid_request_error"}}, status=400)  # fmt: skip
-        words = [WORDS[i % len(WORDS)] for i in range(self.chunks)]
-        now = int(time.time())
-        part = {"type": "output_text", "annotations": [], "logprobs": [], "text": "".join(words)}
-        item = {"content": [part], "id": "msg_fake1", "role": "assistant",
-                "status": "completed", "type": "message"}  # fmt: skip
-        usage = {"input_tokens": 7, "output_tokens": self.chunks, "total_tokens": 7 + self.chunks,
-                 "input_tokens_details": {"cached_tokens": 0}}  # fmt: skip
-        resp = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": now,
-                "status": "completed", "model": self.model, "output": [item],
-                "usage": usage}  # fmt: skip
-        if not body.get("stream"):
-            return web.json_response({**resp, "completed_at": now})
-        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await out.prepare(request)
-        started = {"id": resp["id"], "object": "response", "status": "in_progress"}
-        events = [("response.created", {"response": started}),
-                  ("response.in_progress", {"response": started}),
-                  ("response.output_item.added", {"item": {**item, "content": [],
-                                                           "status": "in_progress"}})]  # fmt: skip
-        events += [("response.output_text.delta", {"delta": w, "item_id": item["id"]})
-                   for w in words]  # fmt: skip
-        events += [("response.output_text.done", {"item_id": item["id"], "text": part["text"]}),
-                   ("response.content_part.done", {"item_id": item["id"], "part": part}),
-                   ("response.output_item.done", {"item": item}),
-                   ("response.completed", {"response": resp})]  # fmt: skip
-        for kind, data in events:
-            data = json.dumps({"type": kind, **data}, separators=(",", ":"))
-            await out.write(f"event: {kind}\ndata: {data}\n\n".encode())
-        await out.write_eof()
-        return out
 
     def _pieces(self) -> list[str]:
         if self.pieces is not None:
@@ -435,59 +407,74 @@ class Messages:
 
 
 class Responses:
-    """The Responses API, as llama-server serves it natively."""
+    """The Responses API, as llama-server serves it natively: exactly the fields its
+    answers have (its server-task.cpp: no instructions, tools, temperature..., events
+    without sequence numbers)."""
+
+    @staticmethod
+    def _item(text: str, status: str = "completed") -> dict:
+        part = {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+        return {
+            "content": [part] if text else [],
+            "id": "msg_fake1",
+            "role": "assistant",
+            "status": status,
+            "type": "message",
+        }
 
     @staticmethod
     def whole(model, text, usage) -> dict:
-        item = {
-            "type": "message",
-            "id": "msg_fake",
-            "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
+        now = int(time.time())
         usage = {
             "input_tokens": usage["prompt_tokens"],
             "output_tokens": usage["completion_tokens"],
             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
         }
         return {
             "id": f"resp_{uuid.uuid4().hex}",
             "object": "response",
-            "created_at": int(time.time()),
+            "created_at": now,
+            "completed_at": now,
             "status": "completed",
             "model": model,
-            "output": [item],
+            "output": [Responses._item(text)],
             "usage": usage,
         }
 
     @staticmethod
     def head(model, usage) -> bytes:
-        resp = {
-            "id": "resp_fake",
-            "object": "response",
-            "status": "in_progress",
-            "model": model,
-            "output": [],
-            "usage": None,
-        }
-        return sse("response.created", {"type": "response.created", "response": resp})
+        started = {"id": "resp_fake", "object": "response", "status": "in_progress"}
+        added = Responses._item("", "in_progress")
+        return (
+            sse("response.created", {"type": "response.created", "response": started})
+            + sse("response.in_progress", {"type": "response.in_progress", "response": started})
+            + sse(
+                "response.output_item.added", {"type": "response.output_item.added", "item": added}
+            )
+        )
 
     @staticmethod
     def delta(text) -> bytes:
-        delta = {
-            "type": "response.output_text.delta",
-            "item_id": "msg_fake",
-            "output_index": 0,
-            "content_index": 0,
-            "delta": text,
-        }
+        delta = {"type": "response.output_text.delta", "delta": text, "item_id": "msg_fake1"}
         return sse("response.output_text.delta", delta)
 
     @staticmethod
     def tail(model, text, usage) -> bytes:
-        done = {"type": "response.completed", "response": Responses.whole(model, text, usage)}
-        return sse("response.completed", done)
+        resp = Responses.whole(model, text, usage)
+        item = resp["output"][0]
+        return b"".join(
+            sse(kind, {"type": kind, **data})
+            for kind, data in (
+                ("response.output_text.done", {"item_id": "msg_fake1", "text": text}),
+                (
+                    "response.content_part.done",
+                    {"item_id": "msg_fake1", "part": item["content"][0]},
+                ),
+                ("response.output_item.done", {"item": item}),
+                ("response.completed", {"response": resp}),
+            )
+        )
 
 
 NATIVE = {"/v1/messages": Messages, "/v1/responses": Responses}

@@ -26,8 +26,17 @@ SYSTEM = (
     "You are a storyteller for a village library. Every answer is a short story with"
     " a beginning, a middle and an end, told plainly for children."
 )
-TOPICS = ("a dragon", "the sea", "a clockmaker", "a lost cat", "winter", "a lighthouse",
-          "a river", "a kite", "an old map")  # fmt: skip
+TOPICS = (
+    "a dragon",
+    "the sea",
+    "a clockmaker",
+    "a lost cat",
+    "winter",
+    "a lighthouse",
+    "a river",
+    "a kite",
+    "an old map",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +60,9 @@ def fleet(tmp_path_factory):
         )
         c.start_scheduler()
         c.start_agent("node-a", memory=0)  # the machine's real memory
-        key = json.loads(llmgw("keys", "create", "--store", "--name", "reconcile", "--json",
-                               env=env).stdout)  # fmt: skip
+        key = json.loads(
+            llmgw("keys", "create", "--store", "--name", "reconcile", "--json", env=env).stdout
+        )
         c.start_router(key["secret"])
         try:
             yield c
@@ -70,8 +80,11 @@ class Client:
 
     def __init__(self, fleet):
         self.url = fleet.router_url
-        self.headers = {"Authorization": f"Bearer {fleet.secret}", "x-api-key": fleet.secret,
-                        "anthropic-version": "2023-06-01"}  # fmt: skip
+        self.headers = {
+            "Authorization": f"Bearer {fleet.secret}",
+            "x-api-key": fleet.secret,
+            "anthropic-version": "2023-06-01",
+        }
         self.lock = threading.Lock()
         self.sent = 0
 
@@ -81,13 +94,21 @@ class Client:
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ask}]
             return "/v1/chat/completions", {"messages": messages, "max_tokens": MAX_TOKENS}
         if api == "completions":
-            return "/v1/completions", {"prompt": f"{SYSTEM}\nStory about {topic}:",
-                                       "max_tokens": MAX_TOKENS}  # fmt: skip
+            return "/v1/completions", {
+                "prompt": f"{SYSTEM}\nStory about {topic}:",
+                "max_tokens": MAX_TOKENS,
+            }
         if api == "responses":
-            return "/v1/responses", {"instructions": SYSTEM, "input": ask,
-                                     "max_output_tokens": MAX_TOKENS}  # fmt: skip
-        return "/v1/messages", {"system": SYSTEM, "max_tokens": MAX_TOKENS,
-                                "messages": [{"role": "user", "content": ask}]}  # fmt: skip
+            return "/v1/responses", {
+                "instructions": SYSTEM,
+                "input": ask,
+                "max_output_tokens": MAX_TOKENS,
+            }
+        return "/v1/messages", {
+            "system": SYSTEM,
+            "max_tokens": MAX_TOKENS,
+            "messages": [{"role": "user", "content": ask}],
+        }
 
     def send(self, api: str, topic: str, how: str) -> None:
         """how: whole, stream, or cut (read a few events, then hang up)."""
@@ -95,8 +116,9 @@ class Client:
         body.update(model=MODEL, temperature=0.7, stream=how != "whole")
         with self.lock:
             self.sent += 1
-        r = requests.post(self.url + path, json=body, headers=self.headers, timeout=300,
-                          stream=how != "whole")  # fmt: skip
+        r = requests.post(
+            self.url + path, json=body, headers=self.headers, timeout=300, stream=how != "whole"
+        )
         assert r.status_code == 200, r.text
         if how == "whole":
             json.loads(r.content)
@@ -126,10 +148,16 @@ def quiet_now() -> float:
 def warm(fleet, client: Client) -> None:
     def answered():
         try:
-            r = requests.post(fleet.router_url + "/v1/chat/completions", headers=client.headers,
-                              json={"model": MODEL, "max_tokens": 2,
-                                    "messages": [{"role": "user", "content": "hi"}]},
-                              timeout=60)  # fmt: skip
+            r = requests.post(
+                fleet.router_url + "/v1/chat/completions",
+                headers=client.headers,
+                json={
+                    "model": MODEL,
+                    "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+                timeout=60,
+            )
         except requests.RequestException:
             return False
         return r.status_code == 200
@@ -143,8 +171,10 @@ def run(fleet, client: Client, work: list[tuple[str, str]]) -> dict:
     since = quiet_now()
     sent = client.sent
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(client.send, api, TOPICS[i % len(TOPICS)], how)
-                   for i, (api, how) in enumerate(work)]  # fmt: skip
+        futures = [
+            pool.submit(client.send, api, TOPICS[i % len(TOPICS)], how)
+            for i, (api, how) in enumerate(work)
+        ]
         for f in futures:
             f.result()
     n = client.sent - sent
@@ -169,8 +199,11 @@ def within_one_percent(line: dict) -> None:
 def test_usage_rows_agree_with_llama_servers_counters_within_one_percent(fleet):
     client = Client(fleet)
     warm(fleet, client)
-    work = [(api, how) for api in ("chat", "completions", "responses", "messages")
-            for how in ("whole", "whole", "stream", "stream")]  # fmt: skip
+    work = [
+        (api, how)
+        for api in ("chat", "completions", "responses", "messages")
+        for how in ("whole", "whole", "stream", "stream")
+    ]
     work += [(api, "cut") for api in ("chat", "completions") for _ in range(2)]
     line = run(fleet, client, work)
     engine = line["engine"]

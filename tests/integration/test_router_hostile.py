@@ -65,8 +65,12 @@ def messages(client, stream):
     return "".join(e.delta.text for e in events if e.type == "content_block_delta")
 
 
-APIS = {"/v1/chat/completions": chat, "/v1/completions": completions,
-        "/v1/responses": responses, "/v1/messages": messages}  # fmt: skip
+APIS = {
+    "/v1/chat/completions": chat,
+    "/v1/completions": completions,
+    "/v1/responses": responses,
+    "/v1/messages": messages,
+}
 
 
 @pytest.fixture
@@ -96,8 +100,10 @@ def test_text_that_holds_every_end_marker_is_relayed_whole_and_billed_as_the_eng
                     asked.append(case)
     assert "/v1/responses" in engine.stats()["unknown_paths"]  # the translated half ran
 
-    rows = eventually(lambda: len(r := usage_rows(router)) == len(asked) and r,
-                      what="a usage row for every request")  # fmt: skip
+    rows = eventually(
+        lambda: len(r := usage_rows(router)) == len(asked) and r,
+        what="a usage row for every request",
+    )
     billed = sorted((r.api, r.status, r.prompt_tokens, r.completion_tokens) for r in rows)
     assert billed == sorted((path, 200, PROMPT_TOKENS, len(HOSTILE)) for path, *_ in asked)
     assert len({r.request_id for r in rows}) == len(rows)  # each accounted once

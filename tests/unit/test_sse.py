@@ -7,15 +7,11 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw_router import sse
+from llmgw_router import anthropic, responses, sse
 from llmgw_router.meter import (
-    ANTHROPIC_ENDS,
-    RESPONSES_ENDS,
     Meter,
     NativeStream,
     OpenAIStream,
-    anthropic_content,
-    responses_content,
 )
 
 ENDS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
@@ -184,8 +180,8 @@ def test_no_text_ends_a_stream_early_or_says_its_usage_cut_at_every_byte(pieces,
     end = ENDS[framing]
     kinds = [
         (chat_stream, lambda m: OpenAIStream(m, client_usage=True)),
-        (anthropic_stream, lambda m: NativeStream(m, ANTHROPIC_ENDS, anthropic_content)),
-        (responses_stream, lambda m: NativeStream(m, RESPONSES_ENDS, responses_content)),
+        (anthropic_stream, lambda m: NativeStream(m, anthropic.ENDS, anthropic.content)),
+        (responses_stream, lambda m: NativeStream(m, responses.ENDS, responses.content)),
     ]
     for make, reader_for in kinds:
         data = make(pieces, end)
@@ -201,7 +197,7 @@ def test_no_text_ends_a_stream_early_or_says_its_usage_cut_at_every_byte(pieces,
 
 def test_a_stream_cut_short_bills_its_content_events_and_what_it_said_so_far():
     meter = Meter()
-    reader = NativeStream(meter, ANTHROPIC_ENDS, anthropic_content)
+    reader = NativeStream(meter, anthropic.ENDS, anthropic.content)
     data = anthropic_stream(["a", "b", "c"], b"\n")
     reader.read(sse.split(data[: data.index(b"event: message_delta")]))
     assert not meter.ended

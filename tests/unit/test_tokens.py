@@ -32,11 +32,17 @@ PROGRESS = {"prompt_progress": {"total": 30, "cache": 0, "processed": 0, "time_m
 
 
 def test_usage_of_every_api_says_the_whole_prompt_and_what_the_cache_held():
-    chat = {"prompt_tokens": 18, "completion_tokens": 5,
-            "prompt_tokens_details": {"cached_tokens": 12}}  # fmt: skip
+    chat = {
+        "prompt_tokens": 18,
+        "completion_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 12},
+    }
     assert tokens.counts(chat) == (18, 5, 12)
-    responses = {"input_tokens": 18, "output_tokens": 5,
-                 "input_tokens_details": {"cached_tokens": 12}}  # fmt: skip
+    responses = {
+        "input_tokens": 18,
+        "output_tokens": 5,
+        "input_tokens_details": {"cached_tokens": 12},
+    }
     assert tokens.counts(responses) == (18, 5, 12)
     # llama-server's Messages: input_tokens = prompt - cached
     anthropic = {"cache_read_input_tokens": 12, "input_tokens": 6, "output_tokens": 5}

@@ -20,8 +20,13 @@ T = 1_800_000_000.0
 
 
 def reading(at, prompt, generated, cached=0, process="100:1"):
-    return {"at": at, "prompt": prompt, "cached": cached, "generated": generated,
-            "process": process}  # fmt: skip
+    return {
+        "at": at,
+        "prompt": prompt,
+        "cached": cached,
+        "generated": generated,
+        "process": process,
+    }
 
 
 def history(*readings) -> History:
@@ -49,8 +54,12 @@ def test_a_new_engine_process_counts_from_zero_not_below_the_last_reading():
         reading(T + 4, 40, 5, process="200:9"),
         reading(T + 6, 90, 15, process="200:9"),
     )
-    assert [(p.prompt, p.generated) for p in h.points()] == [(0, 0), (100, 20), (140, 25),
-                                                            (190, 35)]  # fmt: skip
+    assert [(p.prompt, p.generated) for p in h.points()] == [
+        (0, 0),
+        (100, 20),
+        (140, 25),
+        (190, 35),
+    ]
 
 
 def test_counters_that_go_down_mean_a_restart_even_under_the_same_process_name():
@@ -138,11 +147,20 @@ def db(store_url):
 
 
 def row(end, latency_s, prompt, completion, ttft_s=None, endpoint="r-1", cached=None):
-    Usage.create(at=end, request_id="q", key_id="k", model="gemma", served_model="gemma",
-                 endpoint=endpoint, prompt_tokens=prompt, completion_tokens=completion,
-                 status=200, latency_ms=latency_s * 1000.0,
-                 ttft_ms=None if ttft_s is None else ttft_s * 1000.0,
-                 cached_tokens=cached)  # fmt: skip
+    Usage.create(
+        at=end,
+        request_id="q",
+        key_id="k",
+        model="gemma",
+        served_model="gemma",
+        endpoint=endpoint,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        status=200,
+        latency_ms=latency_s * 1000.0,
+        ttft_ms=None if ttft_s is None else ttft_s * 1000.0,
+        cached_tokens=cached,
+    )
 
 
 def test_rows_are_placed_where_the_engine_counts_their_tokens(db):
@@ -172,22 +190,27 @@ def test_reconcile_compares_every_replica_with_readings_in_the_window(db):
 
 
 def test_the_gauges_judge_a_replica_only_with_enough_tokens(db):
-    sched = SimpleNamespace(lock=threading.RLock(), engine_counters=EngineCounters(),
-                            leading=lambda: True)  # fmt: skip
+    sched = SimpleNamespace(
+        lock=threading.RLock(), engine_counters=EngineCounters(), leading=lambda: True
+    )
     now = T + 1000
     cfg = UsageConfig(reconcile_window_s=900, reconcile_settle_s=100, reconcile_min_tokens=500)
     for rid, prompt, completion in (("r-1", 1000, 100), ("r-2", 100, 10)):
         sched.engine_counters.record(rid, "gemma", reading(now - 900, 0, 0, process=rid))
-        sched.engine_counters.record(rid, "gemma", reading(now - 200, prompt, completion,
-                                                           process=rid))  # fmt: skip
+        sched.engine_counters.record(
+            rid, "gemma", reading(now - 200, prompt, completion, process=rid)
+        )
         row(now - 300, 1, prompt - prompt // 50, completion, endpoint=rid)  # 2% short
     check = UsageCheck(sched, cfg, db, clock=lambda: now)
     registry = CollectorRegistry()
     registry.register(check)
     check.tick()
-    ratio = {(s.labels["replica"], s.labels["kind"]): s.value
-             for m in registry.collect() if m.name == "llmgw_usage_difference_ratio"
-             for s in m.samples}  # fmt: skip
+    ratio = {
+        (s.labels["replica"], s.labels["kind"]): s.value
+        for m in registry.collect()
+        if m.name == "llmgw_usage_difference_ratio"
+        for s in m.samples
+    }
     assert ratio == {("r-1", "prompt"): -0.02}  # r-2 and completions: under 500 tokens
     assert registry.get_sample_value("llmgw_usage_reconcile_threshold_ratio") == 0.01
     quiet = {"model": "gemma", "replica": "r-2", "kind": "prompt"}
@@ -216,7 +239,10 @@ vllm:num_requests_running{model_name="m"} 4.0
 
 def test_the_agent_reads_llama_servers_and_vllms_counters_alike():
     assert agent_counters.parse(LLAMA_METRICS) == {
-        "prompt": 1_234_970, "cached": 400, "generated": 5000}  # fmt: skip
+        "prompt": 1_234_970,
+        "cached": 400,
+        "generated": 5000,
+    }
     assert agent_counters.parse(VLLM_METRICS) == {"prompt": 500, "cached": 120, "generated": 50}
     without_hits = VLLM_METRICS.replace("vllm:prefix_cache_hits_total", "vllm:other")
     assert agent_counters.parse(without_hits)["cached"] is None

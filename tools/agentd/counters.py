@@ -102,8 +102,9 @@ class Counters:
     def read(self, shard, key: str) -> dict | None:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            r = self.session.get(shard.endpoint + "/metrics", headers=headers,
-                                 timeout=READ_TIMEOUT_S)  # fmt: skip
+            r = self.session.get(
+                shard.endpoint + "/metrics", headers=headers, timeout=READ_TIMEOUT_S
+            )
         except requests.RequestException as e:
             _log.debug("counters_unread", shard=shard.id, reason=str(e)[:200])
             return None

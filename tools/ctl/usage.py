@@ -126,8 +126,13 @@ def _percent(ratio: float | None, threshold: float) -> str:
 
 
 @usage.command("reconcile")
-@click.option("--since", metavar="AGE|TIME", default="1h", show_default=True,
-              help="From this long ago (30m, 24h) or this time (2025-06-01T09:00).")  # fmt: skip
+@click.option(
+    "--since",
+    metavar="AGE|TIME",
+    default="1h",
+    show_default=True,
+    help="From this long ago (30m, 24h) or this time (2025-06-01T09:00).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @pass_state
 def usage_reconcile(state, since, as_json):
@@ -155,15 +160,35 @@ def usage_reconcile(state, since, as_json):
     rows = []
     for r in out["replicas"]:
         router, engine, ratio = r["router"], r["engine"], r["ratio"]
-        rows.append([
-            r["replica"], r["model"] or "-", f"{(r['to'] - r['from']) / 60:.0f}m",
-            f"{router['requests'] or 0:,}",
-            f"{router['prompt']:,}", f"{engine['prompt']:,}", _percent(ratio["prompt"], threshold),
-            f"{router['completion']:,}", f"{engine['completion']:,}",
-            _percent(ratio["completion"], threshold),
-        ])  # fmt: skip
+        rows.append(
+            [
+                r["replica"],
+                r["model"] or "-",
+                f"{(r['to'] - r['from']) / 60:.0f}m",
+                f"{router['requests'] or 0:,}",
+                f"{router['prompt']:,}",
+                f"{engine['prompt']:,}",
+                _percent(ratio["prompt"], threshold),
+                f"{router['completion']:,}",
+                f"{engine['completion']:,}",
+                _percent(ratio["completion"], threshold),
+            ]
+        )
     if not rows:
         click.echo("no replica has engine counters in that window", err=True)
         return
-    print_table(["REPLICA", "MODEL", "WINDOW", "REQUESTS", "PROMPT ROWS", "ENGINE", "DIFF",
-                 "COMPLETION ROWS", "ENGINE", "DIFF"], rows)  # fmt: skip
+    print_table(
+        [
+            "REPLICA",
+            "MODEL",
+            "WINDOW",
+            "REQUESTS",
+            "PROMPT ROWS",
+            "ENGINE",
+            "DIFF",
+            "COMPLETION ROWS",
+            "ENGINE",
+            "DIFF",
+        ],
+        rows,
+    )

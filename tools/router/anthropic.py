@@ -245,6 +245,14 @@ def _arguments(text) -> dict:
     return value if isinstance(value, dict) else {"_value": value}
 
 
+# Its own stream, passed through (meter.NativeStream): what ends it, what is content.
+ENDS = frozenset(("message_stop",))
+
+
+def content(name: str) -> bool:
+    return name == "content_block_delta"
+
+
 def _event(kind: str, data: dict) -> bytes:
     return sse.json_event(data, kind)
 

@@ -23,6 +23,13 @@ from llmgw_router.exchange import Answer
 from llmgw_router.meter import Meter, NativeStream, OpenAIStream
 
 
+def openai_error_event(message: str, status: int) -> bytes:
+    """OpenAI's in-band error: a data event holding an error object (what its SDKs raise)."""
+    error = {"message": message, "type": "server_error", "param": None}
+    body = {"error": {**error, "code": f"upstream_{status}"}}
+    return sse.event(json.dumps(body).encode())
+
+
 @dataclass(frozen=True)
 class Api:
     name: str
@@ -35,7 +42,7 @@ class Api:
     translate: Callable | None = None
     # An OpenAI-shaped error (status, body) as this API says it; None: as it is.
     error: Callable[[int, dict], tuple[int, dict]] | None = None
-    error_event: Callable[[str, int], bytes] | None = None  # an in-band error, framed
+    error_event: Callable[[str, int], bytes] = openai_error_event  # in-band, framed
     # Catalog engines known not to serve it: their models' requests are translated from
     # the first, without a refused request to learn it from.
     without: frozenset = frozenset()
@@ -63,11 +70,4 @@ class Api:
         return resp
 
 
-def openai_error_event(message: str, status: int) -> bytes:
-    """OpenAI's in-band error: a data event holding an error object (what its SDKs raise)."""
-    body = {"error": {"message": message, "type": "server_error", "param": None,
-                      "code": f"upstream_{status}"}}  # fmt: skip
-    return sse.event(json.dumps(body).encode())
-
-
-OPENAI = Api("openai", error_event=openai_error_event)
+OPENAI = Api("openai")

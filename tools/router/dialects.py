@@ -12,7 +12,7 @@ endpoint as chat completions, translated both ways.
 import json
 from collections.abc import Callable
 
-from llmgw_router import anthropic, meter, responses, responses_api
+from llmgw_router import anthropic, responses, responses_api
 from llmgw_router.api import Api
 from llmgw_router.exchange import Answer, Stream
 from llmgw_router.routes import Route
@@ -58,8 +58,8 @@ def _responses(body: dict, model: str) -> Translation:
 # one refused request per endpoint.)
 _NO_MESSAGES = frozenset(("vllm",))
 _ANTHROPIC = {
-    "ends": meter.ANTHROPIC_ENDS,
-    "content": meter.anthropic_content,
+    "ends": anthropic.ENDS,
+    "content": anthropic.content,
     "error": anthropic.error,
     "error_event": anthropic.error_event,
     "without": _NO_MESSAGES,
@@ -73,8 +73,8 @@ def _input_tokens(body: dict, model: str) -> Translation:
 
 
 _RESPONSES = {
-    "ends": meter.RESPONSES_ENDS,
-    "content": meter.responses_content,
+    "ends": responses.ENDS,
+    "content": responses.content,
     "error_event": responses.error_event,
 }
 RESPONSES = Api("responses", translate=_responses, **_RESPONSES)

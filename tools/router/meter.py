@@ -33,8 +33,17 @@ class Meter:
     """One attempt's cost as its engine said it. `ended`: the stream reached its API's
     end (a whole answer always has)."""
 
-    __slots__ = ("prompt_tokens", "completion_tokens", "events", "cached", "decode_weight",
-                 "ended", "weigh", "cached_tokens", "progress")  # fmt: skip
+    __slots__ = (
+        "prompt_tokens",
+        "completion_tokens",
+        "events",
+        "cached",
+        "decode_weight",
+        "ended",
+        "weigh",
+        "cached_tokens",
+        "progress",
+    )
 
     def __init__(self, weigh: bool = False):
         self.weigh = weigh  # learn what a decoded token costs (prefix routing wants it)
@@ -202,18 +211,3 @@ class NativeStream:
                 meter.ended = True
                 return events[: i + 1]
         return events
-
-
-def anthropic_content(name: str) -> bool:
-    return name == "content_block_delta"
-
-
-def responses_content(name: str) -> bool:
-    # response.output_text.delta, response.function_call_arguments.delta, reasoning…
-    return name.endswith(".delta")
-
-
-ANTHROPIC_ENDS = frozenset(("message_stop",))
-# A response that stopped at max_output_tokens ends `response.incomplete`; one the engine
-# failed, `response.failed`: both are the stream's end, not a cut.
-RESPONSES_ENDS = frozenset(("response.completed", "response.incomplete", "response.failed"))

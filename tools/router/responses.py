@@ -359,6 +359,17 @@ def history(output: list[dict]) -> list[dict]:
     return out
 
 
+# Its own stream, passed through (meter.NativeStream): what ends it, what is content. A
+# response that stopped at max_output_tokens ends `response.incomplete`; one the engine
+# failed, `response.failed`: both are the stream's end, not a cut.
+ENDS = frozenset(("response.completed", "response.incomplete", "response.failed"))
+
+
+def content(name: str) -> bool:
+    # response.output_text.delta, response.function_call_arguments.delta, reasoning…
+    return name.endswith(".delta")
+
+
 class Stream:
     """Chat completion chunks in, Responses stream events out, as they come."""
 

@@ -10,7 +10,7 @@ never the content."""
 import json
 import time
 
-from llmgw_router import meter, responses, sse
+from llmgw_router import responses, sse
 from llmgw_router.conversations import Conversations, Saved
 from llmgw_router.errors import ApiError, ChainBroken, ChainTooLong
 from llmgw_router.exchange import Answer, json_answer
@@ -165,7 +165,7 @@ def _final_event(block: bytes):
         if not isinstance(obj, dict):
             continue
         name = e.name or obj.get("type")
-        if name in meter.RESPONSES_ENDS and isinstance(obj.get("response"), dict):
+        if name in responses.ENDS and isinstance(obj.get("response"), dict):
             return events, i, name, obj
     return None
 

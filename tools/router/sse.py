@@ -21,6 +21,7 @@ model asked to repeat `data: [DONE]` once ended its own stream's accounting).
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 _LF = b"\n"
 _CR = b"\r"
@@ -81,24 +82,14 @@ def split(block: bytes) -> list[bytes]:
     return Framer().feed(block)
 
 
+@dataclass(slots=True)
 class Event:
     """One event's fields: `name` ("" for an unnamed one), `data` (None: no data
     line), `id` (None: none)."""
 
-    __slots__ = ("name", "data", "id")
-
-    def __init__(self, name: str, data: bytes | None, id: bytes | None):
-        self.name, self.data, self.id = name, data, id
-
-    def __eq__(self, other):
-        return isinstance(other, Event) and (self.name, self.data, self.id) == (
-            other.name,
-            other.data,
-            other.id,
-        )
-
-    def __repr__(self):
-        return f"Event({self.name!r}, {self.data!r}, {self.id!r})"
+    name: str
+    data: bytes | None
+    id: bytes | None
 
     def json(self):
         """The data, decoded as JSON; None if it is not JSON."""

@@ -50,9 +50,13 @@ class Reading:
         """A heartbeat's `tokens` for a shard; None if it is not one."""
         try:
             cached = tokens.get("cached")
-            return cls(float(tokens["at"]), int(tokens["prompt"]),
-                       None if cached is None else int(cached), int(tokens["generated"]),
-                       str(tokens.get("process", "")))  # fmt: skip
+            return cls(
+                float(tokens["at"]),
+                int(tokens["prompt"]),
+                None if cached is None else int(cached),
+                int(tokens["generated"]),
+                str(tokens.get("process", "")),
+            )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 
@@ -106,11 +110,15 @@ class History:
         )
         base = Reading(r.at, 0, 0, 0, r.process) if restarted else last
         prev = self.fine[-1] if self.fine else self.coarse[-1]
-        self.fine.append(Point(
-            r.at, prev.prompt + r.prompt - base.prompt,
-            prev.cached + (r.cached or 0) - (base.cached or 0),
-            prev.generated + r.generated - base.generated, magnitude,
-        ))  # fmt: skip
+        self.fine.append(
+            Point(
+                r.at,
+                prev.prompt + r.prompt - base.prompt,
+                prev.cached + (r.cached or 0) - (base.cached or 0),
+                prev.generated + r.generated - base.generated,
+                magnitude,
+            )
+        )
 
     def trim(self, now: float) -> None:
         """Thin readings older than FINE_S to one a minute; drop those past KEEP_S."""
@@ -144,8 +152,9 @@ def window(points: list[Point], since: float, until: float) -> tuple[Point, Poin
 
 
 def engine_tally(start: Point, end: Point) -> Tally:
-    return Tally(end.prompt - start.prompt, end.generated - start.generated,
-                 end.cached - start.cached)  # fmt: skip
+    return Tally(
+        end.prompt - start.prompt, end.generated - start.generated, end.cached - start.cached
+    )
 
 
 def rounding(start: Point, end: Point) -> int:

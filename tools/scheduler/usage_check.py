@@ -42,7 +42,7 @@ def router_tally(replica: str, t0: float, t1: float) -> Tally:
         )
         .where(
             mine & (Usage.at > t0) & (Usage.at <= t1 + SLACK_S) & (started > t0) & (started <= t1)
-        )  # fmt: skip
+        )
         .tuples()
         .first()
     )
@@ -51,8 +51,9 @@ def router_tally(replica: str, t0: float, t1: float) -> Tally:
         .where(mine & (Usage.at > t0) & (Usage.at <= t1))
         .scalar()
     )
-    return Tally(int(prompt), int(completion or 0), None if cached is None else int(cached),
-                 int(requests))  # fmt: skip
+    return Tally(
+        int(prompt), int(completion or 0), None if cached is None else int(cached), int(requests)
+    )
 
 
 def reconcile(snapshot: dict[str, tuple[str, list[Point]]], since: float, until: float):
@@ -156,5 +157,9 @@ def usage_reconcile(h):
     with s.lock:
         snapshot = s.engine_counters.snapshot()
     replicas = reconcile(snapshot, since, until)
-    return 200, {"since": since, "until": until, "threshold": cfg.reconcile_threshold,
-                 "replicas": replicas}  # fmt: skip
+    return 200, {
+        "since": since,
+        "until": until,
+        "threshold": cfg.reconcile_threshold,
+        "replicas": replicas,
+    }

@@ -278,11 +278,17 @@ class Client:
         self.body = bytearray()
         self.ended = False
         self.after_end = b""  # anything written after the end (there must be nothing)
+        self.writes = 0  # writes the body took (its end included)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, last: bool = False) -> None:
         self._take(data)
+        self.writes += 1
+        if last:
+            self.ended = True
 
     async def write_eof(self) -> None:
+        if not self.ended:
+            self.writes += 1
         self.ended = True
 
     def _take(self, data: bytes) -> None:
@@ -300,6 +306,7 @@ class PushingClient(Client):
 
     def push(self, data: bytes, last: bool = False) -> bool:
         self._take(data)
+        self.writes += 1
         if last:
             self.ended = True
         self.pushed += 1

@@ -276,6 +276,17 @@ def test_each_api_answered_or_failed_reaches_its_client_in_its_shape_and_is_coun
         assert core.conversations.pending() == (1 if outcome.complete else 0)
 
 
+@pytest.mark.parametrize("api", APIS, ids=lambda a: a.name)
+def test_a_stream_that_arrives_whole_reaches_the_client_in_one_write_with_its_end(api: Api):
+    """The engine's whole stream in one piece (a short answer, or a busy router): its
+    events and the body's end go out together, one write (one system call) not two."""
+    core = two_engines(native=True, cut=1 << 20)
+    request = core.request(api.route, core.key("k"), {**api.body, "stream": True})
+    got = run(core.send(api.route, request))
+    assert got.streamed and got.ended and api.end(events(got.body)[-1])
+    assert request.client.writes == 1
+
+
 async def wait_for(cond, timeout_s: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not cond():

@@ -17,8 +17,10 @@ class _Stream(Stream):
         self.status = inner.status
         self.headers = inner.headers
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, last: bool = False) -> None:
         await self.inner.write(data)
+        if last:
+            await self.inner.write_eof()
 
     async def write_eof(self) -> None:
         await self.inner.write_eof()

@@ -64,7 +64,9 @@ class Stream:
     status: int
     headers: dict
 
-    async def write(self, data: bytes) -> None:  # pragma: no cover - an interface
+    async def write(self, data: bytes, last: bool = False) -> None:  # pragma: no cover
+        """`last`: the body ends with `data` (in the same write, where the transport can:
+        a stream that arrives whole then costs one write, not two)."""
         raise NotImplementedError
 
     async def write_eof(self) -> None:  # pragma: no cover - an interface

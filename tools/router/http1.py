@@ -174,8 +174,8 @@ class _Stream(Stream):
         self.ended = False
         self._head = head  # not written yet
 
-    async def write(self, data: bytes) -> None:
-        if not self.push(data):
+    async def write(self, data: bytes, last: bool = False) -> None:
+        if not self.push(data, last):
             await self.drain()
 
     def push(self, data: bytes, last: bool = False) -> bool:

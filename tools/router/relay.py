@@ -80,12 +80,12 @@ class Relay:
                 if key is not None and not key.answered_at and (out or self.meter.progress is None):
                     prefix.answered(key, asyncio.get_running_loop().time())
                 if out:
-                    await self._write(out)
+                    await self._write(out, last=self.meter.ended)
                 if self.resp is not None and not self._waiting_first:
                     await self._push(upstream)
             out = self._relay_piece(b"", end=True)
             if out:
-                await self._write(out)
+                await self._write(out, last=self.meter.ended)
         except UpstreamError as e:
             return await self._engine_broke(e)
         if not self.meter.ended:
@@ -210,16 +210,16 @@ class Relay:
             self.resp = await self.request.open_stream(200, headers)
         return self.resp
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, data: bytes, last: bool = False) -> None:
         if self._keepalive_task is not None:
             await self._settle()
         resp = self.resp or await self._ensure_stream()
         self._answered = True
-        await resp.write(data)
+        await resp.write(data, last)
 
     async def _write_error_event(self, message: str, status: int) -> None:
         try:
-            await self._write(self.route.api.error_event(message, status))
+            await self._write(self.route.api.error_event(message, status), last=True)
             await self.resp.write_eof()
         except ConnectionError:
             pass  # the client left too; the usage row still says what happened

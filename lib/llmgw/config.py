@@ -63,6 +63,9 @@ class RouterConfig:
     usage_flush_s: float = 1.0
     usage_batch: int = 500
     usage_buffer: int = 100_000
+    # The usage writer's thread runs at this nice value (0-19), so that on a busy core
+    # requests come first; the spool holds what it has not written yet.
+    usage_writer_nice: int = 10
     # Each usage row goes to a spool file on local disk before the store, so a crashed
     # router loses none; the directory is this router's alone (empty: the usage-spool
     # directory in paths.state_dir). false: rows wait in memory only.

@@ -9,8 +9,14 @@ from `pg_stat_database.sessions`): each one a forked backend on the server.
 `tick()` returns how long to wait before the next one (None: `interval_s`). It should
 do no store work at all when it has nothing to do; the connection is opened lazily, on
 its first query, so an idle worker costs the database nothing.
+
+`nice` lowers the thread's CPU priority (Linux keeps a nice value per thread). The
+router's usage writer runs at nice 10: at full load on one core it took its share of
+the CPU in slices of a few milliseconds, during which no request moved (p99 at
+concurrency 16 went from about 2.9 ms without it to 5-6 ms with it).
 """
 
+import os
 import random
 import threading
 from collections.abc import Callable
@@ -48,8 +54,10 @@ class Worker:
         on_failure: Callable[[BaseException], None] | None = None,
         on_stop: Callable[[], None] | None = None,
         failed_fields: dict | None = None,
+        nice: int = 0,
     ):
         self.name = name
+        self.nice = nice
         self.tick = tick
         self.interval_s = interval_s
         self.db = db
@@ -110,6 +118,8 @@ class Worker:
         return self.interval_s if wait is None else wait
 
     def _run(self) -> None:
+        if self.nice:
+            self._lower_priority()
         try:
             while not self._stop.is_set():
                 wait = self.run_once()
@@ -124,6 +134,16 @@ class Worker:
                     self.log.warning(f"{self.name}_stop_failed", reason=first_line(e))
         finally:
             self._close_connection()
+
+    def _lower_priority(self) -> None:
+        """Down to `nice`, never up (a process started under `nice 15` stays there)."""
+        tid = threading.get_native_id()
+        try:
+            os.setpriority(
+                os.PRIO_PROCESS, tid, max(self.nice, os.getpriority(os.PRIO_PROCESS, tid))
+            )
+        except OSError as e:  # the worker runs anyway, at the priority it has
+            self.log.warning(f"{self.name}_nice_refused", nice=self.nice, reason=e.strerror)
 
     def _drop_connection(self) -> None:
         if self.db is None:

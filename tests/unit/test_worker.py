@@ -2,6 +2,7 @@
 connection, and runs its stop hook on its own thread."""
 
 import logging
+import os
 import threading
 
 import peewee
@@ -88,3 +89,21 @@ def test_what_a_failing_worker_does_meanwhile_is_said_with_its_failure(caplog):
     w.run_once()
     failed = [r.getMessage() for r in caplog.records if "lease_failed" in r.getMessage()]
     assert len(failed) == 1 and "action=" in failed[0] and "admitting what is held" in failed[0]
+
+
+def test_a_worker_given_a_nice_value_runs_its_ticks_at_that_priority():
+    """The router's usage writer yields the core to requests this way (a nice value is
+    per thread on Linux: the rest of the process keeps its own)."""
+    seen = []
+
+    def tick():
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return 3600.0
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    w = Worker("low", tick, 0.01, nice=7)
+    w.start()
+    eventually(lambda: seen, 5, what="a tick")
+    w.stop()
+    assert seen == [max(7, mine)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine

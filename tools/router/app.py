@@ -46,6 +46,7 @@ class Router:
             flush_s=rc.usage_flush_s,
             on_drop=metrics.USAGE_DROPPED.inc,
             spool=spool,
+            nice=rc.usage_writer_nice,
         )
         self.leaser = Leaser(Limiter(), db)
         limiter = self.leaser.limiter

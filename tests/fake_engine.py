@@ -6,8 +6,9 @@ streams SSE the way llama-server does (or framed with CRLF or CR), and can be to
 how to misbehave with `POST /_control` `{"mode": ..., "chunks": N, "delay_s": S,
 "first_delay_s": S, "n_slots": N, "extra_busy": N, "cache": "on"|"off", "pieces": [TEXT…],
 "framing": "lf"|"crlf"|"cr", "native": BOOL}` (`GET /slots` shows `n_slots` slots, 64
-unless told, busy with its own requests and `extra_busy` more; `pieces` is the answer,
-one streamed chunk a piece, and its completion tokens).
+unless told, busy with its own requests and `extra_busy` more, and `GET /load` says
+the same as `{"running": N, "waiting": 0}` for tests/third_engine.py; `pieces` is the
+answer, one streamed chunk a piece, and its completion tokens).
 
 With `cache` set, it counts a prompt's tokens as its characters / 4 and keeps the
 `n_slots` (at most 4) latest prompts the way llama-server keeps one per slot: "on" says
@@ -78,6 +79,7 @@ class Engine:
         self.last_headers: dict = {}
         self.last_body: dict = {}
         self.unknown_paths: list[str] = []
+        self.load_reads = 0  # GET /load answered
         self.responses = False  # serve /v1/responses natively, as llama-server does
 
     def app(self) -> web.Application:
@@ -91,6 +93,7 @@ class Engine:
         app.router.add_post("/_control", self.control)
         app.router.add_get("/_stats", self.stats)
         app.router.add_get("/slots", self.slots)
+        app.router.add_get("/load", self.load)
         app.router.add_route("*", "/{tail:.*}", self.unknown)
         return app
 
@@ -142,6 +145,7 @@ class Engine:
                 "last_body": self.last_body,
                 "unknown_paths": self.unknown_paths,
                 "prompts": len(self.prompts),
+                "load_reads": self.load_reads,
             }
         )
 
@@ -153,6 +157,14 @@ class Engine:
         busy = self.active + self.extra_busy
         return web.json_response([{"id": i, "is_processing": i < busy}
                                   for i in range(self.n_slots)])  # fmt: skip
+
+    async def load(self, request):
+        """The third engine's load signal (tests/third_engine.py): what runs, as /slots."""
+        denied = self._check(request)
+        if denied:
+            return denied
+        self.load_reads += 1
+        return web.json_response({"running": self.active + self.extra_busy, "waiting": 0})
 
     def _usage(self, body: dict) -> dict:
         """Usage (and llama-server's timings) for a request, with its prompt cache."""

@@ -9,13 +9,12 @@ import json
 import re
 from dataclasses import dataclass
 
+from llmgw import engines
 from llmgw.config import ModelConfig
 from llmgw.errors import ConfigError
 from llmgw.gangs import AUTO, MAX_NODES
 from llmgw.scaling import Settings
 
-# Engines llmgw knows how to install; agents may add their own commands ([[agent.engines]]).
-BUILTIN_ENGINES = {"llama.cpp", "vllm"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -96,9 +95,9 @@ class Model:
                 + completion_tokens * self.output_per_mtok) / 1e6  # fmt: skip
 
 
-def _nodes(m: ModelConfig, bad) -> int:
-    """profile.nodes checked: 1, 2-64 or "auto" (AUTO); only what can run across nodes
-    today may ask for it."""
+def _nodes(m: ModelConfig, engine: engines.Engine | None, bad) -> int:
+    """profile.nodes checked: 1, 2-64 or "auto" (AUTO); only an engine that spans nodes
+    may ask for it."""
     value = m.profile.nodes
     if value == "auto":
         nodes = AUTO
@@ -108,13 +107,12 @@ def _nodes(m: ModelConfig, bad) -> int:
         raise bad("profile.nodes", f'must be 1-{MAX_NODES} or "auto", not {value!r}')
     if nodes == 1:
         return nodes
-    if m.engine == "vllm":
-        raise bad("profile.nodes", "must be 1 for vllm: a vLLM replica across nodes is not"
-                  " wired yet (docs/multinode.md)")  # fmt: skip
-    if m.engine != "llama.cpp":
-        raise bad("profile.nodes", f"must be 1 for engine {m.engine!r}: only llama.cpp spans nodes")
+    if engine is None or not engine.spans_nodes:
+        spanning = ", ".join(n for n in engines.names() if engines.get(n).spans_nodes)
+        raise bad("profile.nodes", f"must be 1 for {m.engine}: its replicas do not span nodes"
+                  f" yet (docs/multinode.md; engines that do: {spanning})")  # fmt: skip
     if m.profile.gpus:
-        raise bad("profile.nodes", "must be 1 with profile.gpus: a llama.cpp replica across"
+        raise bad("profile.nodes", f"must be 1 with profile.gpus: a {m.engine} replica across"
                   " nodes runs on CPUs only for now")  # fmt: skip
     return nodes
 
@@ -167,10 +165,12 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("sha256", f"is required for a {kind} source, so a wrong file is never used")
         if kind == "https" and m.source.startswith("http://"):
             raise bad("source", "must be https://, not http://")
-        if m.engine not in BUILTIN_ENGINES | set(extra_engines):
-            known = ", ".join(sorted(BUILTIN_ENGINES | set(extra_engines)))
+        engine = engines.get(m.engine)
+        if engine is None and m.engine not in extra_engines:
+            known = ", ".join(sorted({*engines.names(), *extra_engines}))
             raise bad("engine", f"{m.engine!r} is not known (known: {known})")
-        if not m.engine_version:
+        version = m.engine_version or (engine.default_version if engine else "")
+        if not version:
             raise bad("engine_version", "is missing")
         p = m.profile
         if p.context < 256:
@@ -181,15 +181,16 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("profile.memory_bytes", "must not be negative")
         if p.gpus < 0:
             raise bad("profile.gpus", "must not be negative")
-        if m.engine == "vllm" and p.gpus == 0:
-            raise bad("profile.gpus", "must be at least 1 for the vllm engine")
-        nodes = _nodes(m, bad)
+        if engine is not None and engine.needs_gpus and p.gpus == 0:
+            raise bad("profile.gpus", f"must be at least 1 for the {m.engine} engine")
+        nodes = _nodes(m, engine, bad)
         for key in ("tensor_parallel", "pipeline_parallel"):
             value = getattr(p, key)
             if value < 0:
                 raise bad(f"profile.{key}", "must not be negative")
-            if value and m.engine != "vllm":
-                raise bad(f"profile.{key}", "applies to the vllm engine only")
+            if value and (engine is None or not engine.parallelism):
+                takes = ", ".join(n for n in engines.names() if engines.get(n).parallelism)
+                raise bad(f"profile.{key}", f"applies to the {takes} engine only")
         if p.tensor_parallel > max(p.gpus, 1):
             raise bad(
                 "profile.tensor_parallel",
@@ -214,7 +215,7 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("pricing", "prices must not be negative")
         out.append(Model(
             name=m.name, aliases=tuple(m.aliases), source=m.source, sha256=m.sha256,
-            engine=m.engine, engine_version=m.engine_version, context=p.context,
+            engine=m.engine, engine_version=version, context=p.context,
             parallel=p.parallel, gpus=p.gpus, args=tuple(p.args), memory_bytes=p.memory_bytes,
             min=s.min, max=s.max, keep_alive_s=s.keep_alive_s,
             fallbacks=tuple(m.fallbacks), input_per_mtok=price.input_per_mtok,

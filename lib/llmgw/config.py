@@ -191,7 +191,7 @@ class SchedulerConfig:
 
 @dataclass
 class EngineConfig:
-    """An engine command the agent knows, beside the built-in llama.cpp."""
+    """An engine command the agent knows, beside the registered ones (llmgw/engines/)."""
 
     name: str = ""
     version: str = ""
@@ -316,7 +316,8 @@ class ModelConfig:
     source: str = ""
     sha256: str = ""
     engine: str = "llama.cpp"
-    engine_version: str = "0.3.36"
+    # Empty: the engine's own pinned version (llmgw/engines/: llama.cpp 0.3.36, vllm 0.32.0).
+    engine_version: str = ""
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     fallbacks: list[str] = field(default_factory=list)

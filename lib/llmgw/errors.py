@@ -49,3 +49,8 @@ class Invalid(Refused):
     """A value that is not allowed."""
 
     code = "invalid_value"
+
+
+class EngineError(Error):
+    """An engine cannot do what it was asked: a shard role it does not take, an install
+    it cannot make."""

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
+from llmgw import engines
+
 GiB = 1 << 30
 MiB = 1 << 20
 INSTALLED, INSTALLING = "installed", "installing"
@@ -100,7 +102,8 @@ class Placement:
 
 def gpus_needed(need: Need) -> int:
     """GPUs a replica takes: an engine that only runs on GPUs (vLLM) takes at least one."""
-    if need.engine.startswith("vllm"):
+    engine = engines.of(need.engine)
+    if engine is not None and engine.needs_gpus:
         return max(need.gpus, 1)
     return need.gpus
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from llmgw.config import AgentConfig
+from llmgw.engines.llamacpp import leader_args, rpc_command
 from llmgw_agentd.engines import Launch, llama_command
 from llmgw_agentd.errors import AgentError
-from llmgw_agentd.workers import fabric_host, leader_args, listening, rpc_command
+from llmgw_agentd.workers import fabric_host, listening
 from tests.agentd.conftest import NODE
 from tests.helpers import ROOT, eventually
 

@@ -6,7 +6,7 @@ import pytest
 
 from llmgw_router.admission import Admission
 from llmgw_router.limits import COST_KINDS, Limiter, Reservation, Shortfall, cost_units
-from llmgw_router.probe import Signal, capacity, parse_slots, parse_vllm
+from llmgw_router.probe import Signal, capacity
 from llmgw_router.routing import Endpoint
 
 T0 = 1_800_000_000.0  # a minute boundary: 30_000_000 * 60
@@ -224,21 +224,6 @@ def ep(outstanding=0, signal=None, cooldown=0.0):
     e = Endpoint("e", "http://127.0.0.1:1", ("m",))
     e.outstanding, e.signal, e.cooldown_until = outstanding, signal, cooldown
     return e
-
-
-def test_llama_servers_slots_and_vllms_queue_are_read():
-    assert parse_slots([{"id": 0, "is_processing": True}, {"id": 1, "is_processing": False}]) == (
-        2,
-        1,
-    )
-    assert parse_slots([{"id": 0, "state": 1}, {"id": 1, "state": 0}]) == (2, 1)  # older
-    assert parse_slots({"error": "not supported"}) is None
-    metrics = (
-        '# HELP vllm:num_requests_waiting ...\nvllm:num_requests_running{model_name="m"} 4.0\n'
-        'vllm:num_requests_waiting{model_name="m"} 2.0\n'
-    )
-    assert parse_vllm(metrics) == (4, 2)
-    assert parse_vllm("process_cpu_seconds_total 3.0\n") is None
 
 
 def test_capacity_counts_slots_busy_with_other_routers_and_an_engine_that_queues_as_full():

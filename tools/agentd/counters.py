@@ -4,10 +4,10 @@ with the heartbeat, so the scheduler can check the routers' usage rows against t
 
 One reading per shard per heartbeat: `{"at", "prompt", "cached", "generated",
 "process"}`, cumulative since the engine started. `prompt` is every prompt token the
-engine took, those it reused from its cache included, whatever the engine: llama-server
-counts the tokens it evaluated (`llamacpp:prompt_tokens_total`) apart from those it
-reused (`llamacpp:prompt_tokens_cached_total`), and the two are added; vLLM counts them
-all (`vllm:prompt_tokens_total`) and its cache hits apart (`vllm:prefix_cache_hits_total`).
+engine took, those it reused from its cache included, whatever the engine; which
+counters say so is each engine's (llmgw.engines: llama-server counts the tokens it
+evaluated apart from those it reused, and the two are added; vLLM counts them all and
+its cache hits apart).
 `process` names the engine process (pid and start time): a new one means counters that
 began again at 0. An engine with neither set of counters (a configured command without
 them) sends none, and is left out of the check.
@@ -21,66 +21,24 @@ import time
 
 import requests
 
-from llmgw import log
+from llmgw import engines, log
 from llmgw.worker import Worker
 
 _log = log.get("llmgw.agentd.counters")
 
 READ_TIMEOUT_S = 2.0
 
-# Counter name -> what it counts; a set is used only when every name of it is there,
-# except the cache hits (an older vLLM has none).
-LLAMA = {
-    "llamacpp:prompt_tokens_total": "evaluated",
-    "llamacpp:prompt_tokens_cached_total": "cached",
-    "llamacpp:tokens_predicted_total": "generated",
-}
-VLLM = {
-    "vllm:prompt_tokens_total": "prompt",
-    "vllm:generation_tokens_total": "generated",
-    "vllm:prefix_cache_hits_total": "cached",
-}
 
-
-def _values(text: str, names: dict[str, str]) -> dict[str, float]:
-    """Each named counter's value, summed over its label sets."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        brace, space = line.find("{"), line.find(" ")
-        if 0 <= brace < space or (brace >= 0 and space < 0):
-            name, rest = line[:brace], line[line.rfind("}") + 1 :]
-        else:
-            name, _, rest = line.partition(" ")
-        if name not in names:
-            continue
-        try:
-            value = float(rest.split()[0])
-        except (ValueError, IndexError):
-            continue
-        out[names[name]] = out.get(names[name], 0.0) + value
-    return out
-
-
-def parse(text: str) -> dict | None:
+def parse(text: str, engine: str | None = None) -> dict | None:
     """`{"prompt", "cached", "generated"}` from an engine's Prometheus text (cached None
-    where it has no such counter); None for an engine with neither set of counters."""
-    got = _values(text, LLAMA)
-    if {"evaluated", "cached", "generated"} <= got.keys():
-        return {
-            "prompt": round(got["evaluated"] + got["cached"]),
-            "cached": round(got["cached"]),
-            "generated": round(got["generated"]),
-        }
-    got = _values(text, VLLM)
-    if {"prompt", "generated"} <= got.keys():
-        cached = got.get("cached")
-        return {
-            "prompt": round(got["prompt"]),
-            "cached": round(cached) if cached is not None else None,
-            "generated": round(got["generated"]),
-        }
+    where it has no such counter), by the counters its engine names
+    (llmgw.engines.TokenCounters), or for an engine not registered by the first
+    registered engine's whose counters are all there; None where none are."""
+    found = engines.get(engine) if engine else None
+    for candidate in [found] if found is not None else [engines.get(n) for n in engines.names()]:
+        tokens = engines.read_tokens(candidate, text)
+        if tokens is not None:
+            return tokens
     return None
 
 
@@ -109,7 +67,8 @@ class Counters:
             _log.debug("counters_unread", shard=shard.id, reason=str(e)[:200])
             return None
         at = self.clock()
-        tokens = parse(r.text) if r.status_code == 200 else None
+        engine = engines.of(shard.engine)
+        tokens = parse(r.text, engine.name if engine else None) if r.status_code == 200 else None
         if tokens is None:
             return None
         return {"at": round(at, 3), **tokens, "process": f"{shard.pid}:{shard.started}"}

@@ -1,10 +1,12 @@
 """Engines on this node: what is installed, installing one, and the command that starts it.
 
-An engine is NAME-VERSION. Two are built in: `llama.cpp` (llama.cpp's own llama-server,
-built from the source vendored in the pinned llama-cpp-python sdist, the same way
-scripts/build-llama-server does) and `vllm` (pip-installed into its own virtual
-environment; GPU nodes only). `[[agent.engines]]` adds commands the agent does not
-install: they count as installed (tests run the fake engine this way).
+An engine is NAME-VERSION, and what it is — how it is installed, its command for a
+shard, its health — is its module's in lib/llmgw/engines/; this module carries that
+out. An engine installed as a BUILD is llama.cpp's (built from the source vendored in
+the pinned llama-cpp-python sdist, the same way scripts/build-llama-server does); one
+installed as a VENV is pip-installed into its own virtual environment.
+`[[agent.engines]]` adds commands the agent does not install: they count as installed
+(tests run the fake engine this way).
 
 Every version lives in its own directory, <state_dir>/engines/NAME-VERSION/, and is
 moved into place only when finished, so a half-done install never counts as installed.
@@ -18,26 +20,22 @@ import sys
 import tarfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw import log
+from llmgw import engines, errors, log
 from llmgw.config import AgentConfig, EngineConfig
+from llmgw.engines import ALONE, BUILD, PROVIDED, VENV, Command, Launch, llamacpp, vllm
 from llmgw.files import sha256_of
 from llmgw_agentd.errors import EngineError
-from llmgw_agentd.workers import leader_args
 
 _log = log.get("llmgw.agentd.engines")
 
 INSTALLING, INSTALLED, FAILED = "installing", "installed", "failed"
 STATES = (INSTALLING, INSTALLED, FAILED)
-LLAMA, VLLM = "llama.cpp", "vllm"
+LLAMA = llamacpp.NAME
+RAY_REQUIREMENT = vllm.RAY_REQUIREMENT
 REASON_LINES = 20
 _PERCENT = re.compile(rb"^\[ *(\d+)%\]")
-# Installed beside vLLM in its environment: a replica across nodes runs on Ray (cgraph:
-# the compiled graphs vLLM's pipeline parallelism uses on Ray). pip resolves a version
-# that the pinned vLLM accepts.
-RAY_REQUIREMENT = "ray[cgraph]"
 # Changes llmgw makes to a llama.cpp version's source before building it, one directory
 # per version (patches/llama.cpp-VERSION/*.patch, `patch -p1` from llama.cpp's root);
 # scripts/build-llama-server applies the same ones. A build records which in PATCHES.
@@ -63,55 +61,13 @@ def stamp_of(engine_dir: Path) -> str:
         return ""
 
 
-@dataclass(frozen=True)
-class Launch:
-    """What a shard's command is made of, whatever the engine."""
-
-    model_path: str
-    host: str
-    port: int
-    key_file: str
-    context: int
-    parallel: int
-    gpus: int = 0
-    args: tuple[str, ...] = ()
-    # The model's name in the catalog: engines answer with it as `model`, not the path.
-    served_name: str = ""
-    # A replica across nodes: its workers' HOST:PORT and each one's part (workers.py).
-    rpc: tuple[str, ...] = ()
-    tensor_split: tuple[float, ...] = ()
-
-
 def llama_command(binary: Path, launch: Launch) -> list[str]:
-    # llama-server splits -c across its -np slots; a profile's context is per slot.
-    # --swa-full: a model with sliding-window attention (Gemma 2 and 3, ...) keeps every
-    # layer's whole cache, so a cached prompt can be cut back to any prefix. Without it
-    # llama-server can restore only checkpoints, and a conversation whose system prompt
-    # the engine evaluated before, in a slot another conversation took since, gets it
-    # evaluated again (bench/ROUTING-RUNS.md, runs 34-38). gguf.estimate() reserves this
-    # memory already; models without sliding windows ignore the flag.
-    return [
-        str(binary), "-m", launch.model_path, "--host", launch.host,
-        "--port", str(launch.port), "--api-key-file", launch.key_file,
-        "-c", str(launch.context * launch.parallel), "-np", str(launch.parallel),
-        "--swa-full", "--metrics", *_named("--alias", launch),
-        *(leader_args(list(launch.rpc), list(launch.tensor_split)) if launch.rpc else ()),
-        *launch.args,
-    ]  # fmt: skip
-
-
-def _named(flag: str, launch: Launch) -> list[str]:
-    return [flag, launch.served_name] if launch.served_name else []
+    """llama-server's command for `launch` (bench/routing.py starts its replicas so)."""
+    return llamacpp.server_command(binary, launch)
 
 
 def vllm_command(venv: Path, launch: Launch) -> list[str]:
-    return [
-        str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", launch.model_path, "--host", launch.host, "--port", str(launch.port),
-        "--max-model-len", str(launch.context), "--max-num-seqs", str(launch.parallel),
-        "--tensor-parallel-size", str(max(1, launch.gpus)),
-        *_named("--served-model-name", launch), *launch.args,
-    ]  # fmt: skip
+    return vllm.server_command(venv, launch)
 
 
 def template_command(template: list[str], launch: Launch) -> list[str]:
@@ -176,19 +132,22 @@ class Installer:
         return None
 
     def known(self, name: str, version: str) -> bool:
-        return name in (LLAMA, VLLM) or self.custom(name, version) is not None
+        return engines.get(name) is not None or self.custom(name, version) is not None
 
     def _dir(self, name: str, version: str) -> Path:
         return self.root / f"{name}-{version}"
 
+    def plan(self, name: str, version: str) -> engines.Install | None:
+        """How a registered engine is installed on this node; None for one not registered."""
+        engine = engines.get(name)
+        return engine.install(version, self.has_gpu()) if engine is not None else None
+
     def _installed_on_disk(self, name: str, version: str) -> bool:
-        if name == LLAMA:
-            return (self._dir(name, version) / "bin" / "llama-server").exists()
-        if name == VLLM:
-            # Without ray it cannot span nodes: an older install is installed again.
-            d = self._dir(name, version)
-            return (d / ".installed").exists() and (d / "bin" / "ray").exists()
-        return False
+        plan = self.plan(name, version)
+        if plan is None:
+            return False
+        d = self._dir(name, version)
+        return plan.method == PROVIDED or all((d / mark).exists() for mark in plan.marks)
 
     def is_installed(self, name: str, version: str) -> bool:
         return self.custom(name, version) is not None or self._installed_on_disk(name, version)
@@ -256,10 +215,13 @@ class Installer:
                 return
             self._set(engine_id, INSTALLING)
             try:
-                if name == LLAMA:
+                engine, plan = engines.get(name), self.plan(name, version)
+                if engine.needs_gpus and not self.has_gpu():
+                    raise EngineError(f"{engine_id} needs a GPU and this node has none")
+                if plan.method == BUILD:
                     self._install_llama(version)
-                else:
-                    self._install_vllm(version)
+                elif plan.method == VENV:
+                    self._install_venv(name, version, plan)
             except EngineError as e:
                 self._set(engine_id, FAILED, str(e))
                 raise
@@ -336,18 +298,19 @@ class Installer:
         self._place(work / "build" / "bin" / "llama-server", target)
         shutil.rmtree(work, ignore_errors=True)
 
-    def rpc_server(self, name: str, version: str) -> Path:
-        """llama.cpp's rpc-server for a worker shard, placed from the build cache if this
-        node's install predates it; EngineError if there is none to be had."""
-        if name != LLAMA:
+    def worker_binary(self, name: str, version: str) -> Path:
+        """The program of a worker shard (llama.cpp's rpc-server), placed from the build
+        cache if this node's install predates it; EngineError if there is none to be had."""
+        engine = engines.get(name)
+        if engine is None or not engine.spans_nodes or not engine.worker_binary:
             raise EngineError(f"engine {name}-{version} cannot run a shard across nodes")
         self.ensure(name, version)
-        target = self._dir(name, version) / "bin" / "rpc-server"
+        target = self._dir(name, version) / engine.worker_binary
         if not target.exists():
-            cached = self.cache / f"{name}-{version}" / "bin" / "rpc-server"
+            cached = self.cache / f"{name}-{version}" / engine.worker_binary
             if not cached.exists():
                 raise EngineError(
-                    f"{name}-{version} on this node has no rpc-server: build it with"
+                    f"{name}-{version} on this node has no {target.name}: build it with"
                     " scripts/build-llama-server (GGML_RPC) into the engine cache"
                 )
             with self._lock:
@@ -369,41 +332,41 @@ class Installer:
         tmp.chmod(0o755)
         tmp.rename(target)
 
-    def _install_vllm(self, version: str) -> None:
-        engine_id = f"{VLLM}-{version}"
-        if not self.has_gpu():
-            raise EngineError(f"{engine_id} needs a GPU and this node has none")
-        venv = self._dir(VLLM, version)
+    def _install_venv(self, name: str, version: str, plan: engines.Install) -> None:
+        """A virtual environment with the plan's requirements; its first mark written last."""
+        engine_id = f"{name}-{version}"
+        venv = self._dir(name, version)
         shutil.rmtree(venv, ignore_errors=True)
         venv.parent.mkdir(parents=True, exist_ok=True)
         log_file = self.root / f"{engine_id}.install.log"
         log_file.unlink(missing_ok=True)
         self._run([sys.executable, "-m", "venv", str(venv)], log_file, "venv", engine_id)
-        self._run(
-            [str(venv / "bin" / "pip"), "install", f"vllm=={version}", RAY_REQUIREMENT],
-            log_file,
-            "pip install",
-            engine_id,
-        )
-        (venv / ".installed").write_text(version + "\n")
+        self._run([str(venv / "bin" / "pip"), "install", *plan.requirements],
+                  log_file, "pip install", engine_id)  # fmt: skip
+        if plan.marks:
+            (venv / plan.marks[0]).write_text(version + "\n")
 
     # -- starting --------------------------------------------------------------------------
 
-    def command(self, name: str, version: str, launch: Launch) -> tuple[list[str], dict]:
-        """(argv, extra environment) that start this engine for `launch`."""
+    def command(self, name: str, version: str, launch: Launch, role: str = ALONE) -> Command:
+        """The argv and extra environment that start this engine for `launch` in `role`."""
         custom = self.custom(name, version)
         if custom is not None:
             if not custom.command:
                 raise EngineError(f"engine {name}: [[agent.engines]] has no command")
-            return template_command(custom.command, launch), {}
-        if name == LLAMA:
-            return llama_command(self._dir(name, version) / "bin" / "llama-server", launch), {}
-        if name == VLLM:
-            # The key goes in the environment, not argv, where `ps` would show it.
-            key = Path(launch.key_file).read_text().strip()
-            return vllm_command(self._dir(name, version), launch), {"VLLM_API_KEY": key}
-        raise EngineError(f"engine {name}-{version} is not known on this node")
+            return Command(template_command(custom.command, launch))
+        engine = engines.get(name)
+        if engine is None:
+            raise EngineError(f"engine {name}-{version} is not known on this node")
+        try:
+            return engine.command(role, self._dir(name, version), launch)
+        except errors.EngineError as e:
+            raise EngineError(str(e)) from None
 
-    def health(self, name: str, version: str) -> str:
+    def health(self, name: str, version: str, role: str = ALONE) -> str:
+        """Where a shard of this engine says it is ready (a path answering 200, or TCP)."""
         custom = self.custom(name, version)
-        return custom.health if custom is not None else "/health"
+        if custom is not None:
+            return custom.health
+        engine = engines.get(name)
+        return engine.role_health(role) if engine is not None else "/health"

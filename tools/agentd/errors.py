@@ -1,5 +1,6 @@
 """Errors llmgw-agentd raises on purpose; each becomes a shard's or an install's reason."""
 
+from llmgw import errors
 from llmgw.errors import Error
 
 
@@ -11,5 +12,5 @@ class WeightsError(AgentError):
     """A model's weights cannot be fetched, or are not the file that was asked for."""
 
 
-class EngineError(AgentError):
+class EngineError(AgentError, errors.EngineError):
     """An engine cannot be installed, or its command cannot be built."""

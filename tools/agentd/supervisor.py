@@ -25,10 +25,11 @@ from pathlib import Path
 
 import requests
 
-from llmgw import bus, log
+from llmgw import bus, engines, log
 from llmgw.config import AgentConfig
+from llmgw.engines import ALONE, LEADER, TCP, WORKER
 from llmgw.states import ShardState
-from llmgw_agentd import process, workers
+from llmgw_agentd import drain, process, workers
 from llmgw_agentd.engines import Installer, Launch, tail_lines
 from llmgw_agentd.errors import AgentError
 from llmgw_agentd.weights import Weights, entry_keys
@@ -41,10 +42,6 @@ STATES = (STARTING, READY, DRAINING, STOPPED, FAILED)
 LOST = bus.GONE_AFTER_AGENT_RESTART
 
 STOP_GRACE_S = 10.0
-# Draining before a stop: how long routers get to apply the table without the engine,
-# and how often its /slots is asked whether it is still answering anything.
-DRAIN_SETTLE_S = 1.0
-DRAIN_POLL_S = 0.2
 START_TIMEOUT_S = 600.0  # as scheduler.start_timeout_s: a 70B model can take minutes to load
 PROBE_TIMEOUT_S = 1.0
 PROBE_EVERY_S = 0.2
@@ -52,7 +49,7 @@ LOG_MAX_BYTES = 10 * 1024 * 1024
 LOG_KEEP_BYTES = 1024 * 1024
 MONITOR_EVERY_S = 0.5
 # A worker's "health": it has no HTTP, so readiness is its port accepting connections.
-WORKER_HEALTH = "tcp"
+WORKER_HEALTH = TCP
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -261,36 +258,44 @@ class Supervisor:
             key_file = self._write_key(shard.id, str(req.get("key", "")))
             launch = Launch(
                 model_path=str(model_path), host=self.cfg.host, port=port,
-                key_file=str(key_file), context=int(req.get("context", 4096)),
+                key_file=str(key_file), key=str(req.get("key", "")),
+                context=int(req.get("context", 4096)),
                 parallel=int(req.get("parallel", 1)), gpus=int(req.get("gpus", 0)),
                 args=tuple(str(a) for a in req.get("args", ())),
                 served_name=str(req.get("model", "")),
                 rpc=tuple(str(w) for w in req.get("rpc") or ()),
                 tensor_split=tuple(float(p) for p in req.get("tensor_split") or ()),
             )  # fmt: skip
-            argv, env = self.installer.command(name, version, launch)
+            role = LEADER if launch.rpc else ALONE
+            cmd = self.installer.command(name, version, launch, role)
             endpoint = f"http://{self.cfg.host}:{port}"
             proc = self._spawn(
-                shard, argv, env, port, endpoint, self.installer.health(name, version)
+                shard, cmd.argv, cmd.env, port, endpoint, self.installer.health(name, version, role)
             )
-        _log.info("shard_process_started", shard=shard.id, pid=proc.pid, port=port, command=argv[0])
+        _log.info(
+            "shard_process_started", shard=shard.id, pid=proc.pid, port=port, command=cmd.argv[0]
+        )
         return proc
 
     def _launch_worker(self, shard: Shard, req: dict) -> subprocess.Popen | None:
-        """An rpc-server holding part of a replica across nodes, on the fabric address."""
+        """A worker holding part of a replica across nodes (llama.cpp's rpc-server), on the
+        fabric address."""
         host = workers.fabric_host(self.cfg)
         name, version = str(req.get("engine", "")), str(req.get("engine_version", ""))
-        binary = self.installer.rpc_server(name, version)
+        self.installer.worker_binary(name, version)
         threads = int(req.get("threads") or 0) or os.cpu_count() or 1
         self.dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if shard.stopping:
                 return None
             port = self._free_port()
-            argv = workers.rpc_command(binary, host, port, threads)
-            proc = self._spawn(shard, argv, {}, port, f"{host}:{port}", WORKER_HEALTH)
+            launch = Launch(model_path="", host=host, port=port, key_file="", context=0,
+                            parallel=0, threads=threads)  # fmt: skip
+            cmd = self.installer.command(name, version, launch, WORKER)
+            health = self.installer.health(name, version, WORKER)
+            proc = self._spawn(shard, cmd.argv, cmd.env, port, f"{host}:{port}", health)
         _log.info("shard_process_started", shard=shard.id, pid=proc.pid, port=port,
-                  command=argv[0], role=workers.ROLE)  # fmt: skip
+                  command=cmd.argv[0], role=workers.ROLE)  # fmt: skip
         return proc
 
     def _spawn(self, shard: Shard, argv: list[str], env: dict, port: int, endpoint: str,
@@ -398,36 +403,19 @@ class Supervisor:
         self._finish(shard, STOPPED, by_stop=True)
 
     def _drain(self, shard: Shard) -> None:
-        """Let a ready engine finish the requests it is answering before it is stopped.
-
-        The scheduler took it out of the routing table when it asked for the stop, so
-        nothing new arrives once routers have the new table (DRAIN_SETTLE_S). Then wait
-        until the engine's /slots shows no slot busy, or drain_timeout_s. An engine
-        without /slots gets the settle time only."""
+        """Let a ready engine finish the requests it is answering before it is stopped,
+        as its engine's definition says (llmgw.engines.Drain, drain.py)."""
         with self._lock:
             shard.state = DRAINING
         _log.info("shard_draining", shard=shard.id, model=shard.model)
         self._report(shard)
-        deadline = time.monotonic() + max(0.0, self.cfg.drain_timeout_s)
-        time.sleep(min(DRAIN_SETTLE_S, max(0.0, deadline - time.monotonic())))
         try:
             key = self._path(shard.id, ".key").read_text().strip()
         except OSError:
             key = ""
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        while time.monotonic() < deadline:
-            try:
-                r = requests.get(shard.endpoint + "/slots", headers=headers, timeout=2)
-                slots = r.json() if r.status_code == 200 else None
-            except (requests.RequestException, ValueError):
-                slots = None
-            if not isinstance(slots, list):
-                return  # it cannot say: the settle time is all it gets
-            busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
-            if not busy:
-                return
-            time.sleep(DRAIN_POLL_S)
-        _log.warning("drain_timed_out", shard=shard.id, after_s=self.cfg.drain_timeout_s)
+        engine = engines.of(shard.engine)
+        drain.drain(shard.id, engine.name if engine else None, shard.endpoint, key,
+                    self.cfg.drain_timeout_s)  # fmt: skip
 
     # -- adoption --------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ manager and worker ports at random, outside any firewall rule written for the ra
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llmgw_agentd.engines import Launch, vllm_command
+from llmgw.engines import Launch
+from llmgw.engines.vllm import server_command as vllm_command
 from llmgw_agentd.errors import EngineError
 
 # Offsets in a node's port block. The head's GCS port is the one workers dial.

@@ -1,4 +1,5 @@
-"""Shards of a replica across nodes: llama.cpp's `rpc-server` on each node of the gang.
+"""Shards of a replica across nodes: llama.cpp's `rpc-server` on each node of the gang
+(its command and the leader's arguments are the engine's: llmgw/engines/llamacpp.py).
 
 A replica too big for one node runs as a gang (docs/multinode.md): every node of it runs
 an `rpc-server` holding part of the weights, and the leader's `llama-server` drives them
@@ -43,21 +44,6 @@ def fabric_host(cfg: AgentConfig) -> str:
             " authentication; use a private fabric network (docs/multinode.md)"
         )
     return address
-
-
-def rpc_command(binary, host: str, port: int, threads: int) -> list[str]:
-    """rpc-server on `host:port`. `-t`: without it rpc-server computes on a fraction of the
-    node's cores, and a split replica ran at 0.66× the tokens/s it has with them."""
-    return [str(binary), "-H", host, "-p", str(port), "-t", str(max(1, threads))]
-
-
-def leader_args(workers: list[str], tensor_split: list[float]) -> list[str]:
-    """What the leader's llama-server adds: its workers, each one's part, every layer on
-    them (-ngl 99: the RPC devices take the layers; on a CPU node nothing else would)."""
-    out = ["--rpc", ",".join(workers), "-ngl", "99"]
-    if tensor_split:
-        out += ["--tensor-split", ",".join(f"{p:g}" for p in tensor_split)]
-    return out
 
 
 def listening(endpoint: str) -> bool:

@@ -43,9 +43,10 @@ class Api:
     # An OpenAI-shaped error (status, body) as this API says it; None: as it is.
     error: Callable[[int, dict], tuple[int, dict]] | None = None
     error_event: Callable[[str, int], bytes] = openai_error_event  # in-band, framed
-    # Catalog engines known not to serve it: their models' requests are translated from
-    # the first, without a refused request to learn it from.
-    without: frozenset = frozenset()
+    # Its name among the APIs engines serve natively (llmgw.engines.MESSAGES, ...): a
+    # model whose engine is registered without it has its requests translated from the
+    # first, without a refused request to learn it from.
+    native: str = ""
 
     def reader(self, meter: Meter, client_usage: bool):
         """The reader of one attempt's stream in this API (`client_usage`: the client

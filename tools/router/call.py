@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 
-from llmgw import log
+from llmgw import engines, log
 from llmgw_router import metrics, prefix, tokens
 from llmgw_router.api import OPENAI
 from llmgw_router.errors import ApiError, Untranslatable, api_error
@@ -214,9 +214,9 @@ class Call(Relay):
         if api.translate is None:
             return self.route.head, body
         self.translating = (ep.url, self.route.path) in self.up.lacking
-        if not self.translating and api.without:
+        if not self.translating and api.native:
             info = self.up.policies.model(self.model)
-            self.translating = info is not None and info.engine in api.without
+            self.translating = info is not None and not engines.serves(info.engine, api.native)
         if not self.translating:
             return self.route.head, body
         try:

@@ -12,6 +12,7 @@ endpoint as chat completions, translated both ways.
 import json
 from collections.abc import Callable
 
+from llmgw import engines
 from llmgw_router import anthropic, responses, responses_api
 from llmgw_router.api import Api
 from llmgw_router.exchange import Answer, Stream
@@ -53,16 +54,15 @@ def _responses(body: dict, model: str) -> Translation:
     )
 
 
-# vLLM's Anthropic endpoint is younger than the vLLM versions in use: translate for it.
-# (An engine wrongly listed here still answers, translated; one wrongly left out costs
-# one refused request per endpoint.)
-_NO_MESSAGES = frozenset(("vllm",))
+# Which engines serve an API natively is theirs to say (llmgw.engines: `apis`). An
+# engine wrongly said not to still answers, translated; one wrongly said to costs one
+# refused request per endpoint.
 _ANTHROPIC = {
     "ends": anthropic.ENDS,
     "content": anthropic.content,
     "error": anthropic.error,
     "error_event": anthropic.error_event,
-    "without": _NO_MESSAGES,
+    "native": engines.MESSAGES,
 }
 ANTHROPIC = Api("anthropic", translate=_messages, **_ANTHROPIC)
 ANTHROPIC_COUNT = Api("anthropic", translate=_count, **_ANTHROPIC)
@@ -76,6 +76,7 @@ _RESPONSES = {
     "ends": responses.ENDS,
     "content": responses.content,
     "error_event": responses.error_event,
+    "native": engines.RESPONSES,
 }
 RESPONSES = Api("responses", translate=_responses, **_RESPONSES)
 RESPONSES_COUNT = Api("responses", translate=_input_tokens, **_RESPONSES)

@@ -1,19 +1,22 @@
 """The engines' own word on how busy they are, read off the request path.
 
-A background worker asks every endpoint each `router.engine_probe_s`: llama-server's
-`GET /slots` (its slots, and which are processing), else vLLM's `GET /metrics`
-(`vllm:num_requests_waiting`). Admission then counts slots busy with other routers'
-requests, and treats an engine that queues requests itself as full. An engine that
-answers neither is asked again only every `RETRY_S`; a probe older than `STALE_S` is
-ignored, so a dead probe never blocks admission.
+A background worker asks every endpoint each `router.engine_probe_s` for its engine's
+load signal, read by the engine's own reader (llmgw.engines: llama-server's `GET
+/slots`, its slots and which are processing; vLLM's `GET /metrics`, requests running
+and waiting), the one the agent drains by. An endpoint whose engine the routing table
+does not name, or names but is not registered, is asked for each registered engine's
+signal in turn, the one that answered first being asked first from then on. Admission
+then counts slots busy with other routers' requests, and treats an engine that queues
+requests itself as full. An engine that answers none is asked again only every
+`RETRY_S`; a probe older than `STALE_S` is ignored, so a dead probe never blocks
+admission.
 """
 
-import json
 import time
 import urllib.error
 import urllib.request
 
-from llmgw import log
+from llmgw import engines, log
 from llmgw.worker import Worker
 from llmgw_router.routing import SIGNAL_STALE_S as STALE_S
 from llmgw_router.routing import Endpoint, RoutingTable
@@ -36,32 +39,6 @@ class Signal:
         self.ctx = ctx  # tokens of context over every slot (its prompt cache), 0: unknown
         # This router's requests on the engine when it answered (None: not noted).
         self.own = own
-
-
-def parse_slots(data) -> tuple[int, int] | None:
-    """(slots, busy) from llama-server's /slots (newer: is_processing; older: state 1)."""
-    if not isinstance(data, list) or not data:
-        return None
-    busy = 0
-    for slot in data:
-        if not isinstance(slot, dict):
-            return None
-        if slot.get("is_processing") is True or slot.get("state") == 1:
-            busy += 1
-    return len(data), busy
-
-
-def parse_vllm(text: str) -> tuple[int, int] | None:
-    """(running, waiting) from vLLM's Prometheus metrics, None if it is not vLLM."""
-    running = waiting = None
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_waiting"):
-            waiting = (waiting or 0) + int(float(line.rsplit(" ", 1)[-1]))
-        elif line.startswith("vllm:num_requests_running"):
-            running = (running or 0) + int(float(line.rsplit(" ", 1)[-1]))
-    if waiting is None:
-        return None
-    return running or 0, waiting
 
 
 def capacity(eps: list[Endpoint], slots: int, mono: float, wall: float) -> int | None:
@@ -103,13 +80,17 @@ def replica_load(eps: list[Endpoint], slots_of, wall: float) -> dict[str, list[i
     return out
 
 
+NONE = ""  # an endpoint none of whose signal sources answered
+
+
 class Probe:
     def __init__(self, table: RoutingTable, interval_s: float, on_change=None, clock=time.time):
         self.table = table
         self.interval_s = interval_s
         self.on_change = on_change or (lambda: None)  # called (from the thread) after a pass
         self.clock = clock
-        self._kind: dict[str, tuple[str, float]] = {}  # endpoint id -> (slots|vllm|none, since)
+        # endpoint id -> (the engine whose signal it answered, or NONE; since)
+        self._kind: dict[str, tuple[str, float]] = {}
         # A failing pass never takes the router down: said once, retried with backoff.
         self.worker = Worker("engine_probe", self.tick, interval_s, logger=_log)
 
@@ -124,33 +105,26 @@ class Probe:
             return e.code, b""
 
     def probe(self, ep: Endpoint, now: float) -> None:
-        kind, since = self._kind.get(ep.id, ("", 0.0))
-        if kind == "none" and now - since < RETRY_S:
+        kind, since = self._kind.get(ep.id, (None, 0.0))
+        if kind == NONE and now - since < RETRY_S:
             return
+        sources = engines.signal_sources(ep.engine or None)
+        sources.sort(key=lambda e: e.name != kind)  # the one that answered before first
         try:
-            if kind in ("", "slots", "none"):
-                status, body = self._get(ep, "/slots")
+            for engine in sources:
                 own = ep.outstanding  # as the engine answered: its busy slots include them
-                parsed = parse_slots(json.loads(body)) if status == 200 else None
-                if parsed is not None:
-                    ctx = sum(
-                        s["n_ctx"] for s in json.loads(body) if isinstance(s.get("n_ctx"), int)
-                    )
-                    ep.signal = Signal(parsed[0], parsed[1], 0, now, max(0, ctx), own)
-                    self._kind[ep.id] = ("slots", now)
+                status, body = self._get(ep, engine.load_path)
+                load = engines.read_load(engine, status, body)
+                if load is not None:
+                    ep.signal = Signal(load.slots, load.running, load.waiting, now, load.ctx, own)
+                    self._kind[ep.id] = (engine.name, now)
                     return
-            status, body = self._get(ep, "/metrics")
-            parsed = parse_vllm(body.decode(errors="replace")) if status == 200 else None
-            if parsed is not None:
-                ep.signal = Signal(0, parsed[0], parsed[1], now)
-                self._kind[ep.id] = ("vllm", now)
-                return
         except (OSError, ValueError):
             pass  # down or not answering: routing's own cooldowns deal with that
         ep.signal = None
-        if kind != "none":
+        if kind != NONE:
             _log.info("engine_signal_unavailable", endpoint=ep.id, action="slots from config")
-        self._kind[ep.id] = ("none", now)
+        self._kind[ep.id] = (NONE, now)
 
     def tick(self) -> None:
         now = self.clock()

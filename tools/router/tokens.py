@@ -19,13 +19,13 @@ things stood in the way:
 
 import json
 
+from llmgw import engines
 from llmgw_router import sse
 from llmgw_router.splice import first_member
 
 _PROGRESS_KEY = b'"prompt_progress"'
 _ASK_PROGRESS = b'"return_progress":true,'
 _RETURN_PROGRESS = b'"return_progress"'
-LLAMA = "llama.cpp"
 
 
 def _count(value) -> int | None:
@@ -57,11 +57,13 @@ def counts(usage: dict) -> tuple[int | None, int | None, int | None]:
 
 
 def wants_progress(engine: str | None, native: bool, dialect: str | None) -> bool:
-    """Whether a stream to this engine asks for prompt progress: llama.cpp's chat and
-    completions streams (also another API's, translated to chat) and its own Responses
-    API stream. Not its Messages stream, which says the prompt in `message_start` with
-    the first token and has no event for progress."""
-    if engine != LLAMA:
+    """Whether a stream to this engine asks for prompt progress: where the engine says it
+    has it (llmgw.engines: `prompt_progress`, llama.cpp's), its chat and completions
+    streams (also another API's, translated to chat) and its own Responses API stream.
+    Not its Messages stream, which says the prompt in `message_start` with the first
+    token and has no event for progress."""
+    found = engines.get(engine) if engine else None
+    if found is None or not found.prompt_progress:
         return False
     return not (native and dialect == "anthropic")
 

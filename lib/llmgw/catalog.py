@@ -9,7 +9,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from llmgw import engines
+from llmgw import engines, hub
 from llmgw.config import ModelConfig
 from llmgw.errors import ConfigError
 from llmgw.gangs import AUTO, MAX_NODES
@@ -118,9 +118,11 @@ def _nodes(m: ModelConfig, engine: engines.Engine | None, bad) -> int:
 
 
 def source_kind(source: str) -> str:
-    """path, file, https or pypi."""
+    """path, file, https, pypi or hf."""
     if source.startswith("pypi:"):
         return "pypi"
+    if source.startswith(hub.PREFIX):
+        return "hf"
     if source.startswith("file://"):
         return "file"
     if source.startswith("https://") or source.startswith("http://"):
@@ -157,8 +159,14 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
                 )
             names[alias] = m.name
         if not m.source:
-            raise bad("source", "is missing: a GGUF path, file:// or https:// URL, or pypi:PACKAGE")
+            raise bad("source", "is missing: a GGUF path, file:// or https:// URL, pypi:PACKAGE"
+                      " or hf://ORG/REPO[@REVISION][/FILE]")  # fmt: skip
         kind = source_kind(m.source)
+        if kind == "hf":
+            try:
+                hub.parse(m.source)
+            except hub.SourceError as e:
+                raise bad("source", str(e)) from None
         if m.sha256 and not _SHA256.match(m.sha256):
             raise bad("sha256", "must be 64 lower-case hex digits")
         if kind in ("https", "file") and not m.sha256:

@@ -187,6 +187,9 @@ class SchedulerConfig:
     # The weights mirror (`llmgw weights pull`): files by sha256, served to registered
     # nodes over the admin API; empty: <paths.state_dir>/mirror.
     mirror_dir: str = ""
+    # A file holding the Hugging Face token that hf:// sources are pulled with, read at
+    # each pull (a rotated token needs no restart) and never logged; empty: no token.
+    hf_token_file: str = ""
 
 
 @dataclass

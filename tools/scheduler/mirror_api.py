@@ -22,7 +22,8 @@ import os
 import threading
 import time
 
-from llmgw import log, mirror
+from llmgw import hub, log, mirror
+from llmgw.catalog import source_kind
 from llmgw.errors import Invalid, NotFound
 from llmgw.mirror import File, Mirror, content_id, files_from
 from llmgw.operators import Who
@@ -37,6 +38,13 @@ _pulling_lock = threading.Lock()
 
 def _mirror(h) -> Mirror:
     return Mirror(h.cfg.mirror_dir())
+
+
+def _hub(h) -> hub.Hub:
+    """The hub at HF_ENDPOINT (huggingface_hub's own setting), with the token file the
+    config names, read at each pull."""
+    name = h.cfg.scheduler.hf_token_file
+    return hub.Hub(token_file=h.cfg.file(name) if name else None)
 
 
 def authenticate(h) -> Who:
@@ -129,6 +137,7 @@ def weights_json(name: str, source: str, row, replicas: int, in_catalog: bool = 
         "sha256": row.sha256 if row else None,
         "size": row.size if row else None,
         "files": json.loads(row.files) if row else [],
+        "revision": row.revision if row else None,
         "pinned_at": row.pinned_at if row else None,
         "pulled_at": row.pulled_at if row else None,
         "replicas": replicas, "in_catalog": in_catalog,
@@ -187,16 +196,22 @@ def pull(h, name: str) -> dict:
     known = pinned if pinned and (not catalog_sha or pinned_sha == catalog_sha) else None
     last = [0.0]
 
-    def progress(done: int) -> None:
+    def progress(done: int, **about) -> None:
+        """`about`: total, file, file_index and files where the source says them."""
         now = time.monotonic()
         if now - last[0] >= 0.5:
             last[0] = now
-            h.wfile.write((json.dumps({"progress": {"model": name, "done": done}}) + "\n").encode())
+            line = {"progress": {"model": name, "done": done, **about}}
+            h.wfile.write((json.dumps(line) + "\n").encode())
             h.wfile.flush()
 
     mir = _mirror(h)
     started = time.monotonic()
-    files = mir.pull(source, known, progress)
+    if source_kind(source) == "hf":
+        pinned_commit = (row.revision or "") if pinned else ""
+        files, commit = mir.pull_hub(source, _hub(h), name, pinned_commit, known, progress)
+    else:
+        files, commit = mir.pull(source, known, progress), None
     got = content_id(files)
     try:
         mirror.check_pin(name, got, catalog_sha, pinned_sha)
@@ -206,11 +221,12 @@ def pull(h, name: str) -> dict:
         raise
     now = time.time()
     size = sum(f.size for f in files)
-    new = row is None or row.sha256 != got or row.source != source
+    new = row is None or row.sha256 != got or row.source != source or row.revision != commit
     values = {
         MirroredWeights.source: source, MirroredWeights.sha256: got,
         MirroredWeights.files: json.dumps([f.json() for f in files]),
         MirroredWeights.size: size, MirroredWeights.pulled_at: now,
+        MirroredWeights.revision: commit,
     }  # fmt: skip
     if new:
         values[MirroredWeights.pinned_at] = now
@@ -218,11 +234,12 @@ def pull(h, name: str) -> dict:
     (MirroredWeights.insert(**fields)
      .on_conflict(conflict_target=[MirroredWeights.model], update=values)
      .execute())  # fmt: skip
+    at = {"revision": commit} if commit else {}
     if new:
         h.audit(name, sha256=got, size=size, source=source,
-                pinned=None if catalog_sha else True)  # fmt: skip
+                pinned=None if catalog_sha else True, **at)  # fmt: skip
     _log.info("weights_pulled", model=name, sha256=got[:12], bytes=size, new=new,
-              seconds=round(time.monotonic() - started, 1))  # fmt: skip
+              seconds=round(time.monotonic() - started, 1), **at)  # fmt: skip
     row = MirroredWeights.get(MirroredWeights.model == name)
     with s.lock:
         used = len(s.inv.of_model(name))

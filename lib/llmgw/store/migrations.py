@@ -436,6 +436,12 @@ def m017_usage_cached(db: peewee.Database) -> None:
     )
 
 
+def m018_mirrored_revision(db: peewee.Database) -> None:
+    """mirrored_weights.revision: the commit an hf:// source resolved to at its first
+    pull, which later pulls must resolve to again (NULL for every other source)."""
+    run(db, "ALTER TABLE mirrored_weights ADD COLUMN revision VARCHAR(40)")
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -454,6 +460,7 @@ MIGRATIONS = [
     m015_responses,
     m016_responses_chain,
     m017_usage_cached,
+    m018_mirrored_revision,
 ]
 
 

@@ -244,7 +244,8 @@ class MirroredWeights(BaseModel):
     """A model's weights in the control plane's mirror (m011). `files` is the manifest,
     a JSON list of {"name", "sha256", "size"} (one entry for one GGUF; several for split
     GGUFs or a directory); `sha256` is the single file's, or the manifest's for several.
-    A source with no sha256 in the catalog is pinned to this at its first pull."""
+    A source with no sha256 in the catalog is pinned to this at its first pull; an hf://
+    source also to `revision`, the commit it resolved to then (m018)."""
 
     model = peewee.CharField(primary_key=True, max_length=200)
     source = peewee.CharField(max_length=1000)
@@ -253,6 +254,7 @@ class MirroredWeights(BaseModel):
     size = peewee.BigIntegerField()
     pinned_at = peewee.DoubleField()
     pulled_at = peewee.DoubleField()
+    revision = peewee.CharField(max_length=40, null=True)
 
     class Meta:
         table_name = "mirrored_weights"

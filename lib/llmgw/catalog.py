@@ -46,6 +46,7 @@ class Model:
     cooldown_s: float = 120.0
     # Nodes one replica spans (lib/llmgw/gangs.py): 1, 2-64, or gangs.AUTO (0) for "auto".
     nodes: int = 1
+    kv_cache_gib: int = 0  # vLLM on CPU: its KV space (0: the engine's default)
 
     @property
     def split(self) -> bool:
@@ -74,6 +75,8 @@ class Model:
         ]
         if self.nodes != 1:  # only then: the hash of every one-node profile stays as it was
             key.append(["nodes", self.nodes])
+        if self.kv_cache_gib:
+            key.append(["kv_cache_gib", self.kv_cache_gib])
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
@@ -84,6 +87,7 @@ class Model:
             "args": list(self.args), "memory_bytes": self.memory_bytes,
             "min": self.min, "max": self.max,
             "nodes": "auto" if self.nodes == AUTO else self.nodes,
+            "kv_cache_gib": self.kv_cache_gib,
             "fallbacks": list(self.fallbacks),
             "pricing": {"input_per_mtok": self.input_per_mtok,
                         "output_per_mtok": self.output_per_mtok},
@@ -191,6 +195,10 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("profile.gpus", "must not be negative")
         if engine is not None and engine.needs_gpus and p.gpus == 0:
             raise bad("profile.gpus", f"must be at least 1 for the {m.engine} engine")
+        if p.kv_cache_gib < 0:
+            raise bad("profile.kv_cache_gib", "must not be negative")
+        if p.kv_cache_gib and (engine is None or engine.estimate_config is None):
+            raise bad("profile.kv_cache_gib", "applies to the vllm engine only")
         nodes = _nodes(m, engine, bad)
         for key in ("tensor_parallel", "pipeline_parallel"):
             value = getattr(p, key)
@@ -230,7 +238,7 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             output_per_mtok=price.output_per_mtok,
             target_queue_wait_s=s.target_queue_wait_s, up_after_s=s.up_after_s,
             down_below=s.down_below, down_after_s=s.down_after_s, cooldown_s=s.cooldown_s,
-            nodes=nodes,
+            nodes=nodes, kv_cache_gib=p.kv_cache_gib,
         ))  # fmt: skip
     for model in out:
         for fb in model.fallbacks:

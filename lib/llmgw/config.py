@@ -251,6 +251,8 @@ class ProfileConfig:
     # vLLM across nodes: GPUs per node (tensor) × nodes (pipeline); 0: not set.
     tensor_parallel: int = 0
     pipeline_parallel: int = 0
+    # vLLM on CPU: GiB of KV cache it is given (VLLM_CPU_KVCACHE_SPACE); 0: 1 GiB.
+    kv_cache_gib: int = 0
 
 
 @dataclass

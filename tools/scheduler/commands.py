@@ -118,6 +118,8 @@ class Commands:
             "context": m.context, "parallel": m.parallel, "gpus": m.gpus,
             "args": list(m.args), "key": key,
         }  # fmt: skip
+        if m.kv_cache_gib:
+            body["kv_cache_gib"] = m.kv_cache_gib
         if self.mirror_url and mirrored is not None and mirrored.source == m.source:
             # The agent fetches these files from the mirror first, proving who it is with
             # a token only the scheduler and that node know (this message is encrypted).

@@ -7,10 +7,11 @@ itself after the first replica instead of over- or under-packing nodes forever.
 """
 
 import importlib
+import json
 import time
 from pathlib import Path
 
-from llmgw import catalog, gguf, log
+from llmgw import catalog, engines, gguf, log
 from llmgw.catalog import Model
 from llmgw.placement import Need
 from llmgw.store import MeasuredCapacity, MirroredWeights
@@ -19,7 +20,8 @@ _log = log.get("llmgw.scheduler.needs")
 
 
 def local_gguf(model: Model, weights_dir: Path) -> Path | None:
-    """The model's GGUF on this machine, if it can be had without a download."""
+    """The model's GGUF (or Hugging Face directory) on this machine, if it can be had
+    without a download."""
     kind = catalog.source_kind(model.source)
     if kind == "path":
         return Path(model.source)
@@ -71,7 +73,9 @@ class Needs:
         if key not in self._estimates:
             path = local_gguf(model, self.weights_dir)
             total = 0
-            if path is not None:
+            if path is not None and path.is_dir():
+                total = self._estimate_dir(model, path)
+            elif path is not None:
                 try:
                     est = gguf.estimate(gguf.read_header(path), model.context, model.parallel)
                     total = est.total
@@ -86,6 +90,21 @@ class Needs:
                     _log.warning("estimate_failed", model=model.name, reason=str(e)[:200])
             self._estimates[key] = total
         return self._estimates[key]
+
+    @staticmethod
+    def _estimate_dir(model: Model, path: Path) -> int:
+        """A Hugging Face directory's estimate, from its config.json, by its engine."""
+        engine = engines.get(model.engine)
+        if engine is None or engine.estimate_config is None:
+            return 0
+        try:
+            config = json.loads((path / "config.json").read_text())
+            total = engine.estimate_config(config, model.kv_cache_gib)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            _log.warning("estimate_failed", model=model.name, reason=str(e)[:200])
+            return 0
+        _log.info("estimated", model=model.name, gib=f"{total / 2**30:.2f}", source="config.json")
+        return total
 
     def need(self, model: Model) -> Need:
         if model.memory_bytes:  # the operator said so

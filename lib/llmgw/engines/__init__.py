@@ -54,6 +54,9 @@ class Launch:
     # The engine key itself, for an engine that takes it from the environment.
     key: str = field(default="", repr=False)
     threads: int = 0  # a worker's compute threads (0: every core)
+    # GiB of KV cache an engine that is given a fixed space takes (vLLM on CPU); 0: its
+    # engine's default.
+    kv_cache_gib: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,12 @@ class Install:
     # written last, so a half-done install never counts.
     marks: tuple[str, ...] = ()
     note: str = ""  # what an operator reads about it
+    # A VENV built once per machine in the engine cache under this name (outside every
+    # state directory and clone, like the llama.cpp build) and linked as the engine's
+    # directory; "": built in the engine's directory itself.
+    cache: str = ""
+    # Packages pip-uninstalled after the install (they break the import of others).
+    remove: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,10 @@ class Engine:
     # return_progress), so a stream cut short still bills its prompt.
     prompt_progress: bool = False
     worker_binary: str = ""  # a worker's program, relative to the engine's directory
+    # The memory one replica needs, in bytes, from a Hugging Face model directory's
+    # config.json (a dict) and its KV cache GiB (0: the default); None: the engine takes
+    # no such directory (its estimate is the GGUF's, lib/llmgw/gguf.py).
+    estimate_config: Callable[[dict, int], int] | None = None
 
     def role_health(self, role: str) -> str:
         return self.worker_health if role == WORKER else self.health

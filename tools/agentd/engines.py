@@ -34,7 +34,6 @@ _log = log.get("llmgw.agentd.engines")
 INSTALLING, INSTALLED, FAILED = "installing", "installed", "failed"
 STATES = (INSTALLING, INSTALLED, FAILED)
 LLAMA = llamacpp.NAME
-RAY_REQUIREMENT = vllm.RAY_REQUIREMENT
 REASON_LINES = 20
 _PERCENT = re.compile(rb"^\[ *(\d+)%\]")
 # Changes llmgw makes to a llama.cpp version's source before building it, one directory

@@ -3,7 +3,7 @@ only while a test runs, and the client that measures latency and bandwidth to an
 node's.
 
 Why TCP between agents rather than NCCL: it needs nothing but the agents, so it runs on
-CPU nodes and in CI, and it measures the path NCCL's socket transport and Ray use when
+CPU nodes and in CI, and it measures the path NCCL's socket transport uses when
 there is no InfiniBand. (NCCL all-reduce over GPUs is the next step on GPU nodes.)
 
 The endpoint is opened on demand (`fabric_listen` from the scheduler, over the CURVE

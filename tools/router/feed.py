@@ -32,7 +32,11 @@ def endpoints_from(body: dict, static: list[Endpoint] = ()) -> list[Endpoint]:
     for r in body.get("replicas", ()):
         if r.get("state") != ShardState.READY:
             continue
-        models = (r["model"], *r.get("aliases", ()))
+        # LoRA adapters loaded there: a request names one as its model (the engine
+        # answers it with the adapter), so the replica serves it by that name too.
+        adapters = [n for a in r.get("adapters") or () if isinstance(a, dict)
+                    for n in (a.get("name"), *(a.get("aliases") or ())) if n]  # fmt: skip
+        models = (r["model"], *r.get("aliases", ()), *adapters)
         eps.append(Endpoint(r["id"], r["endpoint"], models, r.get("key", ""),
                             engine=str(r.get("engine") or "")))  # fmt: skip
     return eps

@@ -120,19 +120,39 @@ class Commands:
         }  # fmt: skip
         if m.kv_cache_gib:
             body["kv_cache_gib"] = m.kv_cache_gib
-        if self.mirror_url and mirrored is not None and mirrored.source == m.source:
-            # The agent fetches these files from the mirror first, proving who it is with
-            # a token only the scheduler and that node know (this message is encrypted).
-            body["mirror"] = {
-                "url": self.mirror_url, "node": node, "sha256": mirrored.sha256,
-                "token": mirror.node_token(self.cluster_secret, node),
-                "files": json.loads(mirrored.files),
-            }  # fmt: skip
+        if m.max_adapters:
+            body["max_adapters"] = m.max_adapters
+        if (fetch := self._mirror_body(m, mirrored, node)) is not None:
+            body["mirror"] = fetch
         if workers:
             body["rpc"], body["tensor_split"] = list(workers), list(tensor_split)
         _log.info("start_replica", replica=rid, model=m.name, node=node,
                   workers=len(workers) or None)  # fmt: skip
         self.outbox.send(node, MsgType.START_SHARD, body)
+
+    def _mirror_body(self, m: Model, mirrored, node: str) -> dict | None:
+        """Where `node` fetches `m`'s files from the mirror, or None (not mirrored)."""
+        if not self.mirror_url or mirrored is None or mirrored.source != m.source:
+            return None
+        # The agent fetches these files from the mirror first, proving who it is with
+        # a token only the scheduler and that node know (this message is encrypted).
+        return {
+            "url": self.mirror_url, "node": node, "sha256": mirrored.sha256,
+            "token": mirror.node_token(self.cluster_secret, node),
+            "files": json.loads(mirrored.files),
+        }  # fmt: skip
+
+    def mirror_of(self, m: Model, node: str) -> dict | None:
+        """An adapter's `mirror` for `node` (a store read: None if the store is down)."""
+        if not self.mirror_url:
+            return None
+        try:
+            mirrored = MirroredWeights.get_or_none(MirroredWeights.model == m.name)
+        except Exception as e:
+            _log.debug("mirror_not_read", model=m.name, reason=str(e)[:200])
+            drop_connection()
+            return None
+        return self._mirror_body(m, mirrored, node)
 
     def start_worker(self, m: Model, wid: str, node: str, memory: int, now: float) -> None:
         """Start one worker of a gang (an rpc-server holding `memory` of the model)."""

@@ -68,8 +68,23 @@ class View:
             "memory": s.needs.need(m).memory,
         }  # fmt: skip
 
+    def adapter(self, a) -> dict:
+        """An adapter as a MODEL: its base's engine, no replicas of its own, and the
+        replicas of its base that serve it (`loaded_on`)."""
+        s = self.s
+        state, reason = s.views.status_of(a.name)
+        on = [{"replica": r.id, "node": r.node} for r in s.adapters.loaded_on(a.name)]
+        return {
+            "name": a.name, "aliases": list(a.aliases), "engine": a.engine_id,
+            "adapter_of": a.adapter_of, "loaded_on": on,
+            "min": 0, "max": 0, "desired": 0, "desired_reason": "",
+            "ready": len(on), "replicas": len(on), "lost": 0,
+            "state": state, "reason": reason, "failures": 0, "retry_at": None, "memory": 0,
+        }  # fmt: skip
+
     def models(self) -> list[dict]:
-        return [self.model(m) for m in self.s.models.values()]
+        return [*(self.model(m) for m in self.s.models.values()),
+                *(self.adapter(a) for a in self.s.catalog.adapters.values())]  # fmt: skip
 
     def replicas(self, model: str | None = None) -> list[dict]:
         now = self.s.clock()
@@ -80,6 +95,7 @@ class View:
              "reason": r.reason,
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
              "idle_s": _round(self.s.idle_s(r, now)),
+             **({"adapters": self.s.adapters.serving(r)} if r.adapters else {}),
              **({"shards": shards} if (shards := self.s.gangs.shards(r.id)) else {})}
             for r in sorted(self.s.inv.replicas.values() if model is None
                             else self.s.inv.of_model(model), key=lambda r: (r.model, r.since))

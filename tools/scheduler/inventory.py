@@ -55,6 +55,8 @@ class Replica:
     # Bytes it holds on its node, when not its model's whole need: a worker's part, or a
     # gang's leader (its workers hold the weights). -1: the model's need.
     memory: int = -1
+    # The LoRA adapters its engine has loaded, as its agent said (adapters.py).
+    adapters: tuple[str, ...] = ()
 
     @property
     def gang(self) -> str:
@@ -161,6 +163,9 @@ class Inventory:
         r.endpoint = shard.get("endpoint", r.endpoint) or r.endpoint
         r.rss = int(shard.get("rss") or 0)
         r.reason = shard.get("reason", "") or ""
+        adapters = tuple(str(a) for a in shard.get("adapters") or ())
+        changed |= adapters != r.adapters
+        r.adapters = adapters
         if state in ENDED:
             self.remove(rid)
         return changed

@@ -14,6 +14,8 @@ _log = log.get("llmgw.scheduler")
 
 
 class Messages:
+    adapters = None  # the Adapters (adapters.py): wanted ones go there
+
     def __init__(self, inv: Inventory, catalog: Catalog, needs: Needs, parking: Parking,
                  demand: Demand, intents: Intents, logs: LogRequests, drained, cfg, flags,
                  leadership, clock, loads=None, counters=None):  # fmt: skip
@@ -50,7 +52,15 @@ class Messages:
             self._shard_status(sender, body.get("shard") or {}, now)
         elif kind == MsgType.WANT:
             model = self.catalog.by_alias.get(body.get("model", ""))
-            if model is not None:
+            adapter = self.catalog.adapters.get(model or "")
+            if adapter is not None:  # loaded on a replica of its base, started if need be
+                if model not in self.adapters.wanted:
+                    _log.info("adapter_wanted", adapter=model, by=sender)
+                self.adapters.want(model, now)
+                self.demand.want(model, sender, body.get("n"), now)
+                self.demand.want(adapter.adapter_of, sender, None, now)
+                self.flags.wake = True
+            elif model is not None:
                 m = self.catalog.models[model]
                 if m.min == 0 and not self.demand.active(m, now) and lead.leading():
                     _log.info("model_wanted", model=model, by=sender)
@@ -61,6 +71,8 @@ class Messages:
                 model = self.catalog.by_alias.get(name)
                 if model is not None and isinstance(idle, int | float):
                     self.demand.used(model, idle, now)
+                    if model in self.catalog.adapters:  # its base is in use too
+                        self.demand.used(self.catalog.adapters[model].adapter_of, idle, now)
             for rid, idle in (body.get("replica_idle_s") or {}).items():
                 r = self.inv.replicas.get(rid)
                 if r is not None and isinstance(idle, int | float):

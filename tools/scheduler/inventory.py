@@ -55,6 +55,9 @@ class Replica:
     # Bytes it holds on its node, when not its model's whole need: a worker's part, or a
     # gang's leader (its workers hold the weights). -1: the model's need.
     memory: int = -1
+    # A gang's leader whose workers join it (vLLM): the ADDR:PORT they meet at, once its
+    # agent has chosen the port.
+    master: str = ""
 
     @property
     def gang(self) -> str:
@@ -159,6 +162,7 @@ class Inventory:
             r.orphaned = False
         r.state = state
         r.endpoint = shard.get("endpoint", r.endpoint) or r.endpoint
+        r.master = str(shard.get("master") or r.master)
         r.rss = int(shard.get("rss") or 0)
         r.reason = shard.get("reason", "") or ""
         if state in ENDED:

@@ -53,6 +53,9 @@ class Model:
     # A LoRA adapter: the model whose replicas serve it ("": a model of its own). Its
     # engine and profile are its base's; it has no replicas, min or max of its own.
     adapter_of: str = ""
+    # profile.pipeline_parallel / tensor_parallel as set (0: the engine's layout decides).
+    pipeline_parallel: int = 0
+    tensor_parallel: int = 0
 
     @property
     def split(self) -> bool:
@@ -85,6 +88,8 @@ class Model:
             key.append(["kv_cache_gib", self.kv_cache_gib])
         if self.max_adapters:
             key.append(["max_adapters", self.max_adapters])
+        if self.pipeline_parallel or self.tensor_parallel:
+            key.append(["parallel", self.pipeline_parallel, self.tensor_parallel])
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
@@ -97,6 +102,8 @@ class Model:
             "nodes": "auto" if self.nodes == AUTO else self.nodes,
             "kv_cache_gib": self.kv_cache_gib, "max_adapters": self.max_adapters,
             "adapter_of": self.adapter_of or None,
+            "pipeline_parallel": self.pipeline_parallel,
+            "tensor_parallel": self.tensor_parallel,
             "fallbacks": list(self.fallbacks),
             "pricing": {"input_per_mtok": self.input_per_mtok,
                         "output_per_mtok": self.output_per_mtok},
@@ -181,6 +188,34 @@ def _bind_adapters(out: list["Model"], configs: list[ModelConfig], names: dict) 
             max_adapters=0, adapter_of=base.name, memory_bytes=0,
         ))  # fmt: skip
     return bound
+
+
+def _layout(p, nodes: int, engine: engines.Engine | None, bad) -> None:
+    """profile.pipeline_parallel and tensor_parallel against the nodes and GPUs: on one
+    node tensor parallel is over its GPUs and there is no pipeline; across nodes the
+    engine says what fits (vLLM: pipeline × tensor = every rank)."""
+    if nodes == 1:
+        if p.tensor_parallel > max(p.gpus, 1):
+            raise bad(
+                "profile.tensor_parallel",
+                f"must be at most profile.gpus ({p.gpus}), the GPUs of each node",
+            )
+        if p.pipeline_parallel > 1:
+            raise bad("profile.pipeline_parallel",
+                      "must be 0 or 1 on one node: a pipeline's stages are nodes"
+                      " (profile.nodes, docs/multinode.md)")  # fmt: skip
+        return
+    if engine is None or engine.layout is None:
+        return
+    if nodes == AUTO:
+        if p.pipeline_parallel or p.tensor_parallel:
+            raise bad("profile.nodes", '"auto" leaves the number of nodes to placement:'
+                      " give it as a number with pipeline_parallel or tensor_parallel")  # fmt: skip
+        return
+    try:
+        engine.layout(nodes, p.gpus, p.pipeline_parallel, p.tensor_parallel)
+    except ValueError as e:
+        raise bad("profile", f"{e} (profile.nodes = {nodes})") from None
 
 
 def source_kind(source: str) -> str:
@@ -287,15 +322,7 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             if value and (engine is None or not engine.parallelism):
                 takes = ", ".join(n for n in engines.names() if engines.get(n).parallelism)
                 raise bad(f"profile.{key}", f"applies to the {takes} engine only")
-        if p.tensor_parallel > max(p.gpus, 1):
-            raise bad(
-                "profile.tensor_parallel",
-                f"must be at most profile.gpus ({p.gpus}), the GPUs of each node",
-            )
-        if p.pipeline_parallel > 1:
-            raise bad("profile.pipeline_parallel",
-                      "must be 0 or 1: a vLLM replica across nodes is not wired yet"
-                      " (docs/multinode.md)")  # fmt: skip
+        _layout(p, nodes, engine, bad)
         s = m.scaling
         if s.keep_alive_s < 0:
             raise bad("scaling.keep_alive_s", "must not be negative")
@@ -319,6 +346,7 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             target_queue_wait_s=s.target_queue_wait_s, up_after_s=s.up_after_s,
             down_below=s.down_below, down_after_s=s.down_after_s, cooldown_s=s.cooldown_s,
             nodes=nodes, kv_cache_gib=p.kv_cache_gib, max_adapters=p.max_adapters,
+            pipeline_parallel=p.pipeline_parallel, tensor_parallel=p.tensor_parallel,
         ))  # fmt: skip
     out = _bind_adapters(out, models, names)
     for model in out:

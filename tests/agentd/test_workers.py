@@ -14,7 +14,7 @@ from llmgw.config import AgentConfig
 from llmgw.engines.llamacpp import leader_args, rpc_command
 from llmgw_agentd.engines import Launch, llama_command
 from llmgw_agentd.errors import AgentError
-from llmgw_agentd.workers import fabric_host, listening
+from llmgw_agentd.workers import Rank, fabric_host, listening, rank_of
 from tests.agentd.conftest import NODE
 from tests.helpers import ROOT, eventually
 
@@ -108,3 +108,15 @@ def test_a_worker_on_a_node_without_a_private_fabric_address_fails_saying_why(sc
     failed = scheduler.wait_shard("r-2.w0", "failed")
     assert "must not listen on every interface" in failed["reason"]
     assert not (node.state / "shards" / "r-2.w0.json").exists()
+
+
+def test_a_vllm_rank_is_read_from_its_start_and_one_that_cannot_join_is_refused():
+    assert rank_of({"id": "r-1"}) is None  # not a rank: alone, or an rpc-server worker
+    assert rank_of({"gang": {"nnodes": 2, "rank": 0}}) == Rank(2, 0, "")
+    assert rank_of({"gang": {"nnodes": 2, "rank": 1, "master": "10.0.0.1:8102"}}).master == (
+        "10.0.0.1:8102")  # fmt: skip
+    for gang, words in [({"nnodes": 1}, "nnodes >= 2"), ({"nnodes": 2, "rank": 2}, "rank <"),
+                        ({"nnodes": 2, "rank": 1}, "leader's ADDR:PORT"),
+                        ({"rank": 1}, "not nnodes")]:  # fmt: skip
+        with pytest.raises(AgentError, match=words):
+            rank_of({"gang": gang})

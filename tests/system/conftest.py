@@ -51,6 +51,7 @@ class Cluster:
         self.lease = "lease_s = 3.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
         self.admin_scheme = "http"
         self.scheduler_extra = ""  # more [scheduler] lines, e.g. for TLS
+        self.backoff_s = (0.5, 2.0)  # scheduler.backoff_base_s, backoff_max_s
         self.scheduler_env: dict[str, str] = {}  # e.g. REQUESTS_CA_BUNDLE for a source
         self.models: list[dict] = []
         self.models_toml = ""  # more [[models]] tables as they are, e.g. LoRA adapters
@@ -165,8 +166,8 @@ class Cluster:
             f'metrics_listen = "127.0.0.1:{ports["metrics"]}"\ntick_s = 0.2\n'
             f'admin_listen = "127.0.0.1:{ports["admin"]}"\n'
             f"node_lost_s = 3.0\nsnapshot_s = 1.0\nsettle_s = {self.settle_s}\n"
-            "backoff_base_s = 0.5\n"
-            f"backoff_max_s = 2.0\nstart_timeout_s = {self.start_timeout_s}\n"
+            f"backoff_base_s = {self.backoff_s[0]}\nbackoff_max_s = {self.backoff_s[1]}\n"
+            f"start_timeout_s = {self.start_timeout_s}\n"
             + self.lease
             + self.scheduler_extra
             + self._engines()

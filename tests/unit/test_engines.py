@@ -163,8 +163,8 @@ def test_each_role_has_its_command_or_is_refused():
     cmd = VLLM.command(ALONE, Path("/e/vllm-0.32.0"), launch)
     assert cmd.argv[:3] == ["/e/vllm-0.32.0/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd.env["VLLM_API_KEY"] == "sekret" and "sekret" not in cmd.argv
-    with pytest.raises(EngineError, match="across nodes"):
-        VLLM.command(LEADER, Path("/e"), launch)
+    with pytest.raises(EngineError, match="no shard role 'spare'"):
+        VLLM.command("spare", Path("/e"), launch)
     worker = LLAMA.command(WORKER, Path("/e/llama.cpp-1"), launch)
     assert worker.argv == ["/e/llama.cpp-1/bin/rpc-server", "-H", "127.0.0.1", "-p", "8101",
                            "-t", "3"]  # fmt: skip

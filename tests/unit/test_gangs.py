@@ -139,10 +139,10 @@ def test_a_split_definition_that_cannot_work_is_refused_naming_the_field(profile
     assert words in str(e.value)
 
 
-def test_vllm_across_nodes_is_refused_until_it_is_wired():
+def test_vllm_across_gpu_nodes_is_refused_until_gangs_book_gpus():
     m = ModelConfig(name="big", source="/m.gguf", engine="vllm", engine_version="0.9.2",
                     profile=ProfileConfig(gpus=2, nodes=2))  # fmt: skip
-    with pytest.raises(ConfigError, match="profile.nodes must be 1 for vllm"):
+    with pytest.raises(ConfigError, match="profile.nodes must be 1 with profile.gpus"):
         catalog.load([m])
     m.profile = ProfileConfig(gpus=2, tensor_parallel=4)
     with pytest.raises(

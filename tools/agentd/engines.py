@@ -70,6 +70,22 @@ def vllm_command(venv: Path, launch: Launch) -> list[str]:
     return vllm.server_command(venv, launch)
 
 
+def launch_of(req: dict, **fields) -> Launch:
+    """A shard's Launch from its start_shard's profile fields, and `fields` (where it
+    runs: model_path, host, port, key_file; a gang's place)."""
+    return Launch(
+        key=str(req.get("key", "")), context=int(req.get("context", 4096)),
+        parallel=int(req.get("parallel", 1)), gpus=int(req.get("gpus", 0)),
+        args=tuple(str(a) for a in req.get("args", ())), served_name=str(req.get("model", "")),
+        rpc=tuple(str(w) for w in req.get("rpc") or ()),
+        tensor_split=tuple(float(p) for p in req.get("tensor_split") or ()),
+        kv_cache_gib=int(req.get("kv_cache_gib") or 0),
+        max_adapters=int(req.get("max_adapters") or 0),
+        pipeline_parallel=int(req.get("pipeline_parallel") or 0),
+        tensor_parallel=int(req.get("tensor_parallel") or 0), **fields,
+    )  # fmt: skip
+
+
 def template_command(template: list[str], launch: Launch) -> list[str]:
     """Fill {port} {host} {model_path} {model} {key_file} {context} {parallel} in each
     argument ({model}: the served name)."""

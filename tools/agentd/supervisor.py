@@ -27,10 +27,10 @@ import requests
 
 from llmgw import bus, engines, log
 from llmgw.config import AgentConfig
-from llmgw.engines import ALONE, LEADER, TCP, WORKER
+from llmgw.engines import ALONE, LEADER, PROCESS, TCP, WORKER
 from llmgw.states import ShardState
 from llmgw_agentd import drain, process, workers
-from llmgw_agentd.engines import Installer, Launch, tail_lines
+from llmgw_agentd.engines import Installer, Launch, launch_of, tail_lines
 from llmgw_agentd.errors import AgentError
 from llmgw_agentd.weights import Weights, entry_keys
 
@@ -75,6 +75,7 @@ class Shard:
     log_offset: int = 0
     weights: list = field(default_factory=list)  # cache entries it uses (never evicted)
     role: str = ""  # "rpc-worker": a part of a replica across nodes (workers.py)
+    master: str = ""  # a gang's leader: the ADDR:PORT its workers join (workers.Rank)
     tokens: dict | None = None  # the engine's newest token counters (counters.py)
     adapters: list = field(default_factory=list)  # LoRA adapters loaded (adapters.py)
 
@@ -84,6 +85,7 @@ class Shard:
             "endpoint": self.endpoint, "port": self.port, "pid": self.pid, "rss": self.rss,
             "started_at": self.started_at, "reason": self.reason,
             **({"role": self.role} if self.role else {}),
+            **({"master": self.master} if self.master else {}),
             **({"tokens": self.tokens} if self.tokens else {}),
             **({"adapters": list(self.adapters)} if self.adapters else {}),
         }  # fmt: skip
@@ -93,7 +95,7 @@ class Shard:
             "id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
             "pid": self.pid, "create_time": self.started, "port": self.port,
             "endpoint": self.endpoint, "health": self.health, "started_at": self.started_at,
-            "weights": self.weights, "role": self.role,
+            "weights": self.weights, "role": self.role, "master": self.master,
         }  # fmt: skip
 
 
@@ -105,7 +107,10 @@ def probe(url: str) -> bool:
 
 
 def healthy(shard: Shard) -> bool:
-    """Whether a started shard answers: an engine's health URL, a worker's port."""
+    """Whether a started shard answers: an engine's health URL, a worker's port, or for a
+    worker with neither its process (its gang is up when its leader's health answers)."""
+    if shard.health == PROCESS:
+        return process.alive(shard.pid, shard.started)
     if shard.health == WORKER_HEALTH:
         return workers.listening(shard.endpoint)
     return probe(shard.endpoint + shard.health)
@@ -250,7 +255,9 @@ class Supervisor:
         self._await_ready(shard, proc)
 
     def _launch(self, shard: Shard, req: dict) -> subprocess.Popen | None:
-        if req.get("role") == workers.ROLE:
+        rank = workers.rank_of(req)
+        worker = req.get("role") == workers.ROLE
+        if worker and rank is None:
             return self._launch_worker(shard, req)
         missing = [k for k in ("engine", "engine_version", "source") if not req.get(k)]
         if missing:
@@ -262,26 +269,26 @@ class Supervisor:
         self._evict()
         self.installer.ensure(name, version)
         self.dir.mkdir(parents=True, exist_ok=True)
+        fabric = workers.fabric_host(self.cfg) if rank is not None else ""
         with self._lock:
             if shard.stopping:
                 return None
-            port = self._free_port()
-            key_file = self._write_key(shard.id, str(req.get("key", "")))
-            launch = Launch(
-                model_path=str(model_path), host=self.cfg.host, port=port,
-                key_file=str(key_file), key=str(req.get("key", "")),
-                context=int(req.get("context", 4096)),
-                parallel=int(req.get("parallel", 1)), gpus=int(req.get("gpus", 0)),
-                args=tuple(str(a) for a in req.get("args", ())),
-                served_name=str(req.get("model", "")),
-                rpc=tuple(str(w) for w in req.get("rpc") or ()),
-                tensor_split=tuple(float(p) for p in req.get("tensor_split") or ()),
-                kv_cache_gib=int(req.get("kv_cache_gib") or 0),
-                max_adapters=int(req.get("max_adapters") or 0),
+            # A vLLM worker serves nothing: no port, no key. Its leader takes a second
+            # port, where its workers meet it.
+            port = 0 if worker else self._free_port()
+            if rank is not None and not worker:
+                shard.master = f"{fabric}:{self._free_port(also=port)}"
+            key_file = "" if worker else self._write_key(shard.id, str(req.get("key", "")))
+            launch = launch_of(
+                req, model_path=str(model_path), host=self.cfg.host, port=port,
+                key_file=str(key_file), nnodes=rank.nnodes if rank else 1,
+                node_rank=rank.rank if rank else 0,
+                master=shard.master or (rank.master if rank else ""),
+                fabric_address=fabric, fabric_interface=self.cfg.fabric_interface,
             )  # fmt: skip
-            role = LEADER if launch.rpc else ALONE
+            role = WORKER if worker else LEADER if launch.rpc or rank else ALONE
             cmd = self.installer.command(name, version, launch, role)
-            endpoint = f"http://{self.cfg.host}:{port}"
+            endpoint = fabric if worker else f"http://{self.cfg.host}:{port}"
             proc = self._spawn(
                 shard, cmd.argv, cmd.env, port, endpoint, self.installer.health(name, version, role)
             )
@@ -347,8 +354,12 @@ class Supervisor:
                 keep = {k for s in self.shards.values() if not s.done for k in s.weights}
             self.weights.evict(limit, keep)
 
-    def _free_port(self) -> int:
-        used = {s.port for s in self.shards.values() if not s.done}
+    def _free_port(self, also: int = 0) -> int:
+        """A port of agent.port_min-port_max no shard holds and none is bound to (`also`:
+        one just taken, not yet recorded)."""
+        used = {also} | {s.port for s in self.shards.values() if not s.done}
+        used |= {int(s.master.rpartition(":")[2]) for s in self.shards.values()
+                 if s.master and not s.done}  # fmt: skip
         for port in range(self.cfg.port_min, self.cfg.port_max + 1):
             if port not in used and process.port_free(port):
                 return port
@@ -447,7 +458,7 @@ class Supervisor:
                     health=str(data.get("health", "/health")),
                     started_at=float(data.get("started_at", 0)),
                     weights=[str(k) for k in data.get("weights", [])],
-                    role=str(data.get("role", "")),
+                    role=str(data.get("role", "")), master=str(data.get("master") or ""),
                 )  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError) as e:
                 _log.warning("bad_state_file", file=file, reason=e)
@@ -486,11 +497,9 @@ class Supervisor:
             return
         self._monitored = now
         with self._lock:
-            watched = [
-                s
-                for s in self.shards.values()
-                if not s.done and not s.stopping and s.state in (READY, DRAINING)
-            ]
+            live = (READY, DRAINING)
+            watched = [s for s in self.shards.values()
+                       if not s.done and not s.stopping and s.state in live]  # fmt: skip
         for shard in watched:
             if shard.proc is not None:
                 code = shard.proc.poll()
@@ -500,11 +509,8 @@ class Supervisor:
             self._pump_log(shard)
             if exited:
                 status = f" with status {code}" if code is not None else ""
-                self._finish(
-                    shard,
-                    FAILED,
-                    f"engine exited{status}:\n{tail_lines(self._path(shard.id, '.log'))}",
-                )
+                tail = tail_lines(self._path(shard.id, ".log"))
+                self._finish(shard, FAILED, f"engine exited{status}:\n{tail}")
                 continue
             shard.rss = process.rss(shard.pid)
 

@@ -107,25 +107,38 @@ class Commands:
             self.start_leader(m, rid, node)
         return rid
 
-    def start_leader(self, m: Model, rid: str, node: str, workers: list[str] = (),
-                     tensor_split: list[float] = ()) -> None:  # fmt: skip
-        """Send a replica's start_shard; a gang's leader gets its workers' addresses."""
-        key = apikeys.engine_key(self.cluster_secret, rid)
-        mirrored = self._mirrored.pop(rid, None)
+    def model_body(self, m: Model, node: str, mirrored) -> dict:
+        """What a shard that loads the model is told of it: its source (from the mirror
+        where mirrored), engine and profile."""
         body = {
-            "id": rid, "model": m.name, "profile": m.profile_hash(), "engine": m.engine,
+            "model": m.name, "profile": m.profile_hash(), "engine": m.engine,
             "engine_version": m.engine_version, "source": m.source, "sha256": m.sha256,
             "context": m.context, "parallel": m.parallel, "gpus": m.gpus,
-            "args": list(m.args), "key": key,
+            "args": list(m.args),
         }  # fmt: skip
         if m.kv_cache_gib:
             body["kv_cache_gib"] = m.kv_cache_gib
         if m.max_adapters:
             body["max_adapters"] = m.max_adapters
+        if m.pipeline_parallel or m.tensor_parallel:
+            body["pipeline_parallel"] = m.pipeline_parallel
+            body["tensor_parallel"] = m.tensor_parallel
         if (fetch := self._mirror_body(m, mirrored, node)) is not None:
             body["mirror"] = fetch
+        return body
+
+    def start_leader(self, m: Model, rid: str, node: str, workers: list[str] = (),
+                     tensor_split: list[float] = (), gang: dict | None = None) -> None:  # fmt: skip
+        """Send a replica's start_shard; a gang's leader gets its workers' addresses
+        (llama.cpp) or its place in the gang (`gang`: nnodes and rank 0, vLLM)."""
+        key = apikeys.engine_key(self.cluster_secret, rid)
+        # A gang whose workers load the weights too keeps the row for them (gangs.py).
+        mirrored = self._mirrored.get(rid) if gang else self._mirrored.pop(rid, None)
+        body = {"id": rid, **self.model_body(m, node, mirrored), "key": key}
         if workers:
             body["rpc"], body["tensor_split"] = list(workers), list(tensor_split)
+        if gang:
+            body["gang"] = dict(gang)
         _log.info("start_replica", replica=rid, model=m.name, node=node,
                   workers=len(workers) or None)  # fmt: skip
         self.outbox.send(node, MsgType.START_SHARD, body)
@@ -154,12 +167,24 @@ class Commands:
             return None
         return self._mirror_body(m, mirrored, node)
 
-    def start_worker(self, m: Model, wid: str, node: str, memory: int, now: float) -> None:
-        """Start one worker of a gang (an rpc-server holding `memory` of the model)."""
+    def start_worker(self, m: Model, wid: str, node: str, memory: int, now: float,
+                     send: bool = True) -> None:  # fmt: skip
+        """Record one worker of a gang (holding `memory` of the model on `node`) and, with
+        `send`, start it now (llama.cpp's rpc-server); else `send_worker` does later."""
         self.inv.add_worker(Replica(wid, m.name, node, m.profile_hash(), ShardState.PENDING,
                                     now, role=WORKER, memory=memory))  # fmt: skip
+        if send:
+            self.send_worker(m, wid, node, memory)
+
+    def send_worker(self, m: Model, wid: str, node: str, memory: int,
+                    gang: dict | None = None) -> None:  # fmt: skip
+        """A worker's start_shard. With `gang` (nnodes, rank, the leader's master
+        ADDR:PORT) it loads its own part of the weights, given as the leader's are."""
         body = {"id": wid, "model": m.name, "profile": m.profile_hash(), "role": WORKER,
                 "engine": m.engine, "engine_version": m.engine_version}  # fmt: skip
+        if gang:
+            mirrored = self._mirrored.get(wid.rpartition(".w")[0])
+            body = {**self.model_body(m, node, mirrored), **body, "gang": dict(gang)}
         _log.info("start_worker", worker=wid, model=m.name, node=node, memory=memory)
         self.outbox.send(node, MsgType.START_SHARD, body)
 

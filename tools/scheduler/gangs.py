@@ -1,15 +1,21 @@
 """Replicas across nodes (docs/multinode.md): placed, started and ended as gangs.
 
 A gang is a leader — a replica like any other, in the inventory, counted, routed to —
-and its workers (`Inventory.workers`), one rpc-server on each node of the gang, the
-leader's own node included. The pass here:
+and its workers (`Inventory.workers`): for llama.cpp one rpc-server on each node of the
+gang, the leader's own node included; for an engine whose workers join the leader
+(`Engine.joins_leader`, vLLM) one headless rank on each node but the leader's. The
+pass here:
 
 - places a model with `profile.nodes` other than 1 (the reconciler leaves those alone):
   all shards or none (lib/llmgw/gangs.py), at most one gang per model per pass, with
   the same backoff and parking as any start; a model with `nodes = "auto"` that fits on
   one node gets a plain replica instead;
 - starts the workers first and holds the leader (recorded, its memory booked) until
-  every worker listens, then starts it with their addresses and parts;
+  every worker listens, then starts it with their addresses and parts; or, where the
+  workers join the leader, starts the leader first (rank 0, with a port of its node
+  for the ranks to meet at) and holds the workers (recorded, booked) until its agent
+  reports that ADDR:PORT, then starts each with its rank. Such a gang is ready when
+  the leader's health answers, which needs every rank;
 - ends the whole gang when any shard fails, vanishes or its node is lost: a replica with
   a part missing serves nothing, so it is stopped and the reconciling places a new one;
 - replaces a gang with a shard on a draining node whole: the new gang is placed on other
@@ -21,7 +27,7 @@ leader's own node included. The pass here:
 
 from dataclasses import dataclass, field
 
-from llmgw import log
+from llmgw import engines, log
 from llmgw.catalog import Model
 from llmgw.gangs import AUTO, GangFleet
 from llmgw.placement import Fleet, NodeView
@@ -42,7 +48,10 @@ class Job:
     node: str
     workers: list[str]
     split: list[float] = field(default_factory=list)
-    sent: bool = False  # the leader's start_shard has gone out
+    # The held shards' start_shard has gone out: the leader's, or, where the workers
+    # join the leader (`joins`), the workers'.
+    sent: bool = False
+    joins: bool = False
 
 
 class Gangs:
@@ -140,6 +149,10 @@ class Gangs:
         return unplaceable
 
     def _start(self, m: Model, gang, now: float) -> None:
+        engine = engines.get(m.engine)
+        if engine is not None and engine.joins_leader:
+            self._start_ranks(m, gang, now)
+            return
         rid = self.commands.start(m, gang.leader, now, hold=True, memory=0)
         if rid is None:
             return  # the store is down: nothing was started
@@ -149,6 +162,31 @@ class Gangs:
         self.jobs[rid] = Job(rid, m.name, gang.leader, workers, gang.tensor_split())
         _log.info("gang_placed", replica=rid, model=m.name, fabric=gang.fabric,
                   nodes=",".join(s.node for s in gang.shards))  # fmt: skip
+
+    def _start_ranks(self, m: Model, gang, now: float) -> None:
+        """The leader now, as rank 0 on the first node; a worker per other node, held
+        until the leader says where they meet (`_supervise`)."""
+        first = gang.shards[0]
+        rid = self.commands.start(m, first.node, now, hold=True, memory=first.memory)
+        if rid is None:
+            return  # the store is down: nothing was started
+        workers = [f"{rid}.w{rank}" for rank in range(1, len(gang.shards))]
+        for wid, shard in zip(workers, gang.shards[1:], strict=True):
+            self.commands.start_worker(m, wid, shard.node, shard.memory, now, send=False)
+        self.commands.start_leader(m, rid, first.node, gang={"nnodes": len(gang.shards),
+                                                             "rank": 0})  # fmt: skip
+        self.jobs[rid] = Job(rid, m.name, first.node, workers, joins=True)
+        _log.info("gang_placed", replica=rid, model=m.name, fabric=gang.fabric,
+                  nodes=",".join(s.node for s in gang.shards))  # fmt: skip
+
+    def _send_ranks(self, m: Model, job: Job, master: str) -> None:
+        nnodes = len(job.workers) + 1
+        for rank, wid in enumerate(job.workers, start=1):
+            w = self.inv.workers[wid]
+            gang = {"nnodes": nnodes, "rank": rank, "master": master}
+            self.commands.send_worker(m, wid, w.node, w.memory, gang=gang)
+        job.sent = True
+        self.commands._mirrored.pop(job.leader, None)
 
     def _supervise(self, models: dict[str, Model], lost: set[str], now: float) -> None:
         for job in list(self.jobs.values()):
@@ -173,6 +211,14 @@ class Gangs:
                 self._end(job, now)
                 self.parking.failed(job.model, now, f"worker {broken}: {why}",
                                     counts=not gone_with_node)  # fmt: skip
+                continue
+            if job.joins and not job.sent:
+                m = models.get(job.model)
+                if m is None:
+                    self.commands.stop(job.leader, now)
+                    self._end(job, now)
+                elif leader.master:
+                    self._send_ranks(m, job, leader.master)
                 continue
             if not job.sent and all(w.state == READY for w in workers):
                 m = models.get(job.model)

@@ -57,6 +57,9 @@ class Replica:
     memory: int = -1
     # The LoRA adapters its engine has loaded, as its agent said (adapters.py).
     adapters: tuple[str, ...] = ()
+    # A gang's leader whose workers join it (vLLM): the ADDR:PORT they meet at, once its
+    # agent has chosen the port.
+    master: str = ""
 
     @property
     def gang(self) -> str:
@@ -161,6 +164,7 @@ class Inventory:
             r.orphaned = False
         r.state = state
         r.endpoint = shard.get("endpoint", r.endpoint) or r.endpoint
+        r.master = str(shard.get("master") or r.master)
         r.rss = int(shard.get("rss") or 0)
         r.reason = shard.get("reason", "") or ""
         adapters = tuple(str(a) for a in shard.get("adapters") or ())

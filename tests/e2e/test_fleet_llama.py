@@ -29,15 +29,7 @@ def fleet(tmp_path, api_key):
     c.start_agent("node-a", memory=0)  # the machine's real memory
     c.start_router(api_key[1])
     yield c
-    c.stop()
-    for shard in c.shards("node-a"):  # the agent leaves engines running by design
-        import os
-        import signal
-
-        try:
-            os.killpg(shard["pid"], signal.SIGKILL)
-        except OSError:
-            pass
+    c.stop()  # engines too
 
 
 def test_the_scheduler_places_gemma_and_the_router_answers_with_it(fleet):

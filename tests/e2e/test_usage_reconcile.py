@@ -6,8 +6,6 @@ engine agree within 1% on prompt and on completion tokens (`GET /v1/usage/reconc
 `llmgw usage reconcile`)."""
 
 import json
-import os
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -67,12 +65,7 @@ def fleet(tmp_path_factory):
         try:
             yield c
         finally:
-            c.stop()
-            for shard in c.shards("node-a"):  # the agent leaves engines running by design
-                try:
-                    os.killpg(shard["pid"], signal.SIGKILL)
-                except OSError:
-                    pass
+            c.stop()  # engines too
 
 
 class Client:

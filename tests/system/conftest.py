@@ -322,10 +322,13 @@ class Cluster:
         return pids
 
     def stop(self) -> None:
+        """Stop every tool, then every engine: the fake ones, and the real ones each
+        agent's state files record (an agent leaves its engines running by design)."""
         for proc in [self.router, *self.schedulers.values(), *self.agents.values()]:
             if proc is not None:
                 proc.stop()
-        for pid in self.engine_pids():
+        pids = self.engine_pids() | {s["pid"] for node in self.agents for s in self.shards(node)}
+        for pid in pids:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:

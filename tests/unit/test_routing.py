@@ -161,3 +161,10 @@ def test_other_routers_requests_are_the_engines_busy_slots_less_ours_when_it_ans
     assert _others(now)(ep) == 0
     ep.signal = Signal(slots=4, busy=3, at=now - 60, own=0)  # too old to believe
     assert _others(now)(ep) == 0
+
+
+def test_an_engine_without_slots_counts_its_running_and_waiting_requests_as_other_routers():
+    ep = Endpoint("a", "http://a", ("m",))
+    now = time.time()
+    ep.signal = Signal(busy=2, waiting=3, at=now, own=1)  # vLLM: no slot count, a queue
+    assert _others(now)(ep) == 4

@@ -42,16 +42,18 @@ SIGNAL_STALE_S = 5.0
 
 def _others(wall: float):
     """Requests other routers have in flight on an endpoint, as its engine said lately:
-    its busy slots less this router's own requests then (0 when it did not say). Its
-    own as they were when the engine answered, not as they are now: with those, a
-    router alone counted its own requests that had ended since as someone else's."""
+    its busy slots (vLLM: requests running) and the requests it queues itself, less
+    this router's own requests then (0 when it did not say). Its own as they were when
+    the engine answered, not as they are now: with those, a router alone counted its
+    own requests that had ended since as someone else's. vLLM gives no slot count:
+    requiring one left its load unread by the choice (tests/e2e/test_fleet_vllm.py)."""
 
     def others(ep) -> int:
         sig = ep.signal
-        if sig is None or wall - sig.at > SIGNAL_STALE_S or not sig.slots:
+        if sig is None or wall - sig.at > SIGNAL_STALE_S:
             return 0
         own = sig.own if sig.own is not None else ep.outstanding
-        return max(0, sig.busy - own)
+        return max(0, sig.busy + sig.waiting - own)
 
     return others
 

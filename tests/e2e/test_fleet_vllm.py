@@ -13,7 +13,6 @@ which `make test` runs first; without them these tests skip, except in CI, where
 
 import json
 import os
-import signal
 import sqlite3
 import threading
 import time
@@ -77,12 +76,7 @@ def fleet(tmp_path_factory):
         try:
             yield c
         finally:
-            c.stop()
-            for shard in c.shards("node-a"):  # the agent leaves engines running by design
-                try:
-                    os.killpg(shard["pid"], signal.SIGKILL)
-                except OSError:
-                    pass
+            c.stop()  # engines too
 
 
 def post(fleet, path: str, body: dict, stream: bool = False,

@@ -52,12 +52,13 @@ format: install
 docs: install
 	$(BIN)/python scripts/gen-cli-docs.py
 
-bench: install
+bench: install engine vllm
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python bench/run.py $(if $(PEERS),--peers $(PEERS)) $(if $(BASE),--baseline $(BASE))
 	$(BIN)/python bench/connections.py
 	$(BIN)/python bench/scheduler.py $(if $(BASE),--baseline $(BASE))
 	$(BIN)/python bench/cold_start.py
+	$(BIN)/python bench/engines_cold.py
 	$(BIN)/python bench/mirror.py
 	$(BIN)/python bench/onboard.py
 	$(BIN)/python bench/gangs.py

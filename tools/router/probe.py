@@ -25,6 +25,11 @@ _log = log.get("llmgw.router.probe")
 
 RETRY_S = 60.0
 TIMEOUT_S = 1.0
+# An engine that has answered before and then does not (a timeout: busy on a loaded
+# core, the moment its load matters most) is asked again at the next pass, this many
+# times in a row, before it counts as one without a signal for RETRY_S. Its last word
+# stands meanwhile until it is stale (routing.SIGNAL_STALE_S).
+TRANSIENT_FAILURES = 3
 
 
 class Signal:
@@ -91,6 +96,7 @@ class Probe:
         self.clock = clock
         # endpoint id -> (the engine whose signal it answered, or NONE; since)
         self._kind: dict[str, tuple[str, float]] = {}
+        self._failures: dict[str, int] = {}  # endpoint id -> passes in a row it did not answer
         # A failing pass never takes the router down: said once, retried with backoff.
         self.worker = Worker("engine_probe", self.tick, interval_s, logger=_log)
 
@@ -118,9 +124,18 @@ class Probe:
                 if load is not None:
                     ep.signal = Signal(load.slots, load.running, load.waiting, now, load.ctx, own)
                     self._kind[ep.id] = (engine.name, now)
+                    self._failures.pop(ep.id, None)
                     return
-        except (OSError, ValueError):
-            pass  # down or not answering: routing's own cooldowns deal with that
+        except OSError:
+            # Down or not answering in time: routing's own cooldowns deal with a dead one.
+            # One that answered before is asked again next pass (seen: a vLLM streaming on
+            # two busy cores missed one probe, and its load went unread for a minute).
+            failures = self._failures[ep.id] = self._failures.get(ep.id, 0) + 1
+            if kind and failures < TRANSIENT_FAILURES:
+                return
+        except ValueError:
+            pass
+        self._failures.pop(ep.id, None)
         ep.signal = None
         if kind != NONE:
             _log.info("engine_signal_unavailable", endpoint=ep.id, action="slots from config")

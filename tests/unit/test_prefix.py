@@ -505,7 +505,10 @@ def test_the_wait_ends_when_the_other_request_ends():
     async def scenario():
         idx, a = PrefixIndex(), Ep("a")
         first, second = _waiting(idx, a)
-        first.sent_at = asyncio.get_running_loop().time()
+        # It took a minute to start answering: the wait it allows once answering (a share
+        # of that) outlasts this test. Sent just now, the allowance was as long as the
+        # test's own steps took, and a fast run ended the wait before the first ended.
+        first.sent_at = asyncio.get_running_loop().time() - 60
         task = asyncio.ensure_future(hold(second, 20))
         for _ in range(5):  # it waits on an event, not a clock: give it turns
             await asyncio.sleep(0)

@@ -209,20 +209,25 @@ def test_vllms_memory_is_its_parameters_in_its_dtype_plus_its_kv_space_and_overh
     assert VLLM.estimate_config is vllm.estimate and LLAMA.estimate_config is None
 
 
+def scripted(*answers):
+    """A prober's GET answering (status, body) or raising, one answer a call."""
+    left = iter(answers)
+
+    def get(ep, path):
+        a = next(left)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    return get
+
+
 def test_an_engine_that_misses_a_probe_is_asked_again_at_the_next_pass():
     """A busy vLLM that did not answer one probe in time had its load unread for a
     minute (RETRY_S), just when it mattered; now only one that keeps failing is."""
     ep = Endpoint("r-1", "http://e", ("m",), engine="vllm")
     probe = Probe(RoutingTable([ep]), 1.0)
-    answers = iter([(200, VLLM_METRICS), TimeoutError("timed out"), (200, VLLM_IDLE)])
-
-    def get(ep, path):
-        a = next(answers)
-        if isinstance(a, Exception):
-            raise a
-        return a
-
-    probe._get = get
+    probe._get = scripted((200, VLLM_METRICS), TimeoutError("timed out"), (200, VLLM_IDLE))
     probe.probe(ep, 100.0)
     busy = ep.signal
     assert busy is not None and busy.busy + busy.waiting > 0
@@ -235,15 +240,7 @@ def test_an_engine_that_misses_a_probe_is_asked_again_at_the_next_pass():
 def test_an_engine_that_keeps_failing_counts_as_one_without_a_signal():
     ep = Endpoint("r-1", "http://e", ("m",), engine="vllm")
     probe = Probe(RoutingTable([ep]), 1.0)
-    answers = iter([(200, VLLM_METRICS)] + [OSError("refused")] * 3)
-
-    def get(ep, path):
-        a = next(answers)
-        if isinstance(a, Exception):
-            raise a
-        return a
-
-    probe._get = get
+    probe._get = scripted((200, VLLM_METRICS), *[OSError("refused")] * 3)
     for t in range(4):
         probe.probe(ep, 100.0 + t)
     assert ep.signal is None

@@ -1,5 +1,7 @@
 """Routing benchmark: round-robin, least-outstanding and prefix-aware routing in front
-of two real llama-server replicas of the demo model.
+of two real llama-server replicas of the demo model, beside the two peers a user would
+pick for cache-aware routing without Kubernetes (vllm-router and sglang-router, each with
+its `cache_aware` policy, in front of the same replicas, in the same run).
 
     .venv/bin/python bench/routing.py [--turns 4] [--cache-ram MIB]    # or: make bench
 
@@ -48,6 +50,10 @@ from tests.e2e.test_llama_server import engine_binary, model_file  # noqa: E402
 
 MODEL = "gemma3-270m"
 POLICIES = ("round-robin", "least-outstanding", "prefix")
+# The peers a user would pick for cache-aware routing without Kubernetes, each with its
+# cache_aware policy and its default thresholds, in front of the same two replicas. The
+# client sends them the engines' key, which they pass on.
+PEERS = {"vllm-router": ("vllm-router", ()), "sglang-router": ("sglang-router", ("launch",))}
 # Only with --only: prefix routing whose requests never wait for another's prompt
 # evaluation (router.prefix_hold_s = 0), to run beside "prefix".
 NO_HOLD = "prefix-without-hold"
@@ -171,6 +177,25 @@ def start_router(policy: str, replicas: list[Replica], key_file: Path, n: int = 
     return proc, f"http://127.0.0.1:{port}", api_key
 
 
+def start_peer(name: str, replicas: list[Replica]):
+    """vllm-router or sglang-router, policy cache_aware, bound to loopback."""
+    dist, launch = PEERS[name]
+    binary = VENV_BIN / dist
+    if not binary.exists():
+        sys.exit(f"routing: {dist} is not installed (pip install -e '.[bench]')")
+    work = WORK_DIR / f"router-{name}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    port = free_port()
+    cmd = [str(binary), *launch, "--worker-urls", *(r.url for r in replicas),
+           "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
+    log = work / "router.log"
+    proc = spawn(cmd, log, None, cwd=work)
+    wait_ready(f"http://127.0.0.1:{port}/health", proc, log, 60, dist)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 async def one_turn(session, url, key, messages) -> dict:
     body = {"model": MODEL, "messages": messages, "max_tokens": MAX_TOKENS, "seed": SEED,
             "temperature": 0, "stream": True,
@@ -281,14 +306,18 @@ def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
         shares = []
         if SHARE and routers > 1 and policy == "prefix":  # each tells the others
             shares = [f"tcp://127.0.0.1:{free_port()}" for _ in range(routers)]
-        for n in range(routers):
+        if policy in PEERS:
+            proc, url = start_peer(policy, replicas)
+            procs, urls, api_key = [proc], [url], engine_key
+        for n in range(routers if policy not in PEERS else 0):
             proc, url, key = start_router(policy, replicas, key_file, n, shares)
             procs.append(proc)
             urls.append(url)
             api_key = api_key or key
         time.sleep(2.5 if routers > 1 else 0)  # the others' key cache: refreshed every 2 s
         results, wall = asyncio.run(drive(urls, api_key, convs))
-        holds = sum(router_counter(url, "llmgw_router_prefix_holds_total") for url in urls)
+        holds = sum(router_counter(url, "llmgw_router_prefix_holds_total") for url in urls
+                    if policy not in PEERS)  # fmt: skip
         scraped = sum(r.prompt_tokens_total(engine_key) for r in replicas)
         per_replica = []
         for r in replicas:
@@ -318,6 +347,12 @@ def run_policy(policy: str, convs: list[dict], key_file: Path, engine_key: str,
         "wall_s": wall,
         "holds": holds,
     }
+
+
+def peer_versions() -> str:
+    import importlib.metadata
+
+    return ", ".join(f"{d} {importlib.metadata.version(d)}" for d, _ in PEERS.values())
 
 
 def router_counter(url: str, name: str) -> int:
@@ -393,7 +428,8 @@ def main() -> None:
     parser.add_argument("--out", default="ROUTING.md", help="the report, in bench/")
     parser.add_argument("--only", action="append", default=[],
                         help=f"run only these (round-robin, least-outstanding, prefix, {NO_HOLD},"
-                             " pair-least-outstanding, pair-prefix); no gates")  # fmt: skip
+                             " vllm-router, sglang-router, pair-least-outstanding,"
+                             " pair-prefix); no gates")  # fmt: skip
     parser.add_argument("--probe-s", type=float, default=None,
                         help="the routers' router.engine_probe_s (default: theirs)")  # fmt: skip
     parser.add_argument("--no-share", action="store_true",
@@ -447,7 +483,7 @@ def main() -> None:
             print(where_turns_went(policy, routers), flush=True)
         return m
 
-    measured = interleaved(tuple(p for p in (*POLICIES, NO_HOLD) if p in only or
+    measured = interleaved(tuple(p for p in (*POLICIES, *PEERS, NO_HOLD) if p in only or
                                  (not only and p != NO_HOLD)), args.repeat,
                            one_run)  # fmt: skip
     controls = []
@@ -489,6 +525,16 @@ def main() -> None:
             px["ttft_p95"] <= 1.10 * lo["ttft_p95"],
         ),  # fmt: skip
     ]
+    for name in PEERS:  # the issue's bar: 20% better TTFT, no more tokens than the better
+        peer = measured[name]
+        for q in ("p50", "p95"):
+            mine, theirs = px[f"ttft_{q}"], peer[f"ttft_{q}"]
+            gates.append((f"prefix TTFT {q} at least 20% better than {name} (cache_aware): "
+                          f"{mine * 1000:.0f} ms vs {theirs * 1000:.0f} ms "
+                          f"({mine / theirs - 1:+.0%})", mine <= 0.8 * theirs))  # fmt: skip
+    fewest = min(measured[name]["prompt_n"] for name in PEERS)
+    gates.append((f"prefix evaluates no more prompt tokens than the better peer: "
+                  f"{px['prompt_n']:,} vs {fewest:,}", px["prompt_n"] <= fewest))  # fmt: skip
     if controls:
         ul, up = controls[0], controls[1]
         slower = up["ttft_p50"] / ul["ttft_p50"] - 1
@@ -510,7 +556,8 @@ def main() -> None:
     ram = "the engine's default (8 GiB)" if args.cache_ram is None else f"{args.cache_ram} MiB"
     took = time.time() - t_start
     lines = [
-        "# Routing: round-robin, least-outstanding and prefix-aware",
+        "# Routing: round-robin, least-outstanding and prefix-aware, beside vllm-router and"
+        " sglang-router (cache_aware)",
         "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `bench/routing.py` in {took:.0f} s. "
         f"Two llama-server replicas of {MODEL} (Q4_K_M), each pinned to one core, `-t 1 -np 2 "
@@ -519,7 +566,8 @@ def main() -> None:
         f"{args.groups} groups × {args.per_group} "
         f"conversations × {args.turns} turns sharing a system prompt per group, closed loop "
         f"at concurrency {CONCURRENCY}, `max_tokens` {MAX_TOKENS}, "
-        f"seed {SEED}, streamed. Each policy starts with fresh engines (cold caches)"
+        f"seed {SEED}, streamed. The peers: {peer_versions()}, `--policy cache_aware` with"
+        " their default thresholds. Each policy starts with fresh engines (cold caches)"
         + (
             f", {args.repeat} runs each, interleaved; figures are their medians"
             if args.repeat > 1

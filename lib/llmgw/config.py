@@ -163,6 +163,9 @@ class SchedulerConfig:
     # `llmgw restart`: a queued restart that waits this long while its model's restarts
     # do not move (none begins or ends) is given up, with the reason (0: never).
     restart_deadline_s: float = 3600.0
+    # Eviction spares an on-demand model until its replicas have been ready this long
+    # (0: no minimum), so two that cannot both fit do not evict each other in turn.
+    eviction_min_lifetime_s: float = 300.0
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0
     # After its own start, wait this long for agents to report before starting anything,

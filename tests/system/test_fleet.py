@@ -220,6 +220,7 @@ def test_an_on_demand_model_starts_when_asked_for_and_stops_when_idle(cluster, a
 def test_a_wanted_on_demand_model_evicts_the_least_recently_used_one(cluster, api_key):
     cluster.add_model("first", memory=GiB + GiB // 2, min_=0)
     cluster.add_model("second", memory=GiB + GiB // 2, min_=0)
+    cluster.scheduler_extra = "eviction_min_lifetime_s = 0.0\n"  # no minimum
     cluster.start_scheduler()
     cluster.start_agent("node-a", memory=2 * GiB)  # room for one of them at a time
     cluster.start_router(api_key[1])
@@ -234,6 +235,37 @@ def test_a_wanted_on_demand_model_evicts_the_least_recently_used_one(cluster, ap
         lambda: [s["model"] for s in cluster.shards("node-a")] == ["second"],
         what="only the second model on node-a",
     )
+    assert cluster.metric('llmgw_model_evictions_total{model="first"}') == 1
+
+
+def test_two_on_demand_models_that_cannot_both_fit_no_longer_evict_each_other_in_turn(
+    cluster, api_key
+):
+    cluster.add_model("first", memory=GiB + GiB // 2, min_=0)
+    cluster.add_model("second", memory=GiB + GiB // 2, min_=0)
+    cluster.scheduler_extra = "eviction_min_lifetime_s = 300.0\n"  # the default
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", memory=2 * GiB)  # room for one of them at a time
+    cluster.start_router(api_key[1])
+    eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
+    eventually(lambda: "routes_applied" in cluster.router.log(), what="the router's table")
+    assert cluster.chat("first", timeout=30).status_code == 200
+    for _ in range(3):  # asked for in turn: first keeps its room, second is told why
+        refused = cluster.chat("second", timeout=30)
+        assert refused.status_code == 503, refused.text
+        assert "retry-after" not in refused.headers
+        error = refused.json()["error"]
+        assert error["code"] == "model_unplaceable"
+        assert "no room: first holds it and may not be evicted for another" in error["message"]
+        assert "scheduler.eviction_min_lifetime_s = 300" in error["message"]
+        assert cluster.chat("first", timeout=30).status_code == 200
+    status = cluster.ctl("status")
+    assert "first holds it and may not be evicted" in status.stdout, status.stdout
+    log = cluster.scheduler.log()
+    assert "model_evicted" not in log
+    assert log.count("start_replica") == 1
+    assert [s["model"] for s in cluster.shards("node-a")] == ["first"]
+    assert cluster.metric('llmgw_model_evictions_total{model="first"}', default=None) == 0
 
 
 def test_a_replica_s_idle_time_is_known_from_the_router_and_published(cluster, api_key):

@@ -18,7 +18,8 @@ def table_entry(fleet, name: str) -> dict:
 @pytest.fixture
 def fleet(tmp_path):
     f = Fleet(tmp_path, [model("big", memory=4 * GiB, min_=0), model("small", min_=0),
-                         model("other", memory=GiB + GiB // 2, min_=0)])  # fmt: skip
+                         model("other", memory=GiB + GiB // 2, min_=0)],
+              eviction_min_lifetime_s=0.0)  # fmt: skip
     f.heartbeat("a", memory=2 * GiB, kind="hello")
     yield f
     f.close()

@@ -1,9 +1,18 @@
 """Which on-demand models are in use: routers' wants and activity reports, and the
 answers a pass gives to each router's numbered want."""
 
+from collections import deque
+
 from llmgw.catalog import Model
 from llmgw.placement import Need
 from llmgw.reconciler import Desired
+
+# Recent demand (`Demand.rate`) counts uses over this window. A use is a want, or an
+# activity report saying the model was used since the last use heard of; uses less than
+# USE_GAP_S apart are one (routers report every 2 s, so a busy model counts about one a
+# report, not one a request: the rate says how often a model is in use, not how much).
+DEMAND_WINDOW_S = 600.0
+USE_GAP_S = 1.0
 
 
 class Demand:
@@ -17,9 +26,11 @@ class Demand:
         # made since), and an answer of "unplaceable" is given at once, not after 60 s.
         self.pending: dict[tuple[str, str], int] = {}
         self.answered: dict[str, dict[str, int]] = {}
+        self.uses: dict[str, deque[float]] = {}  # model -> its uses in the window, oldest first
 
     def want(self, model: str, router: str, n, now: float) -> None:
         self.last_active[model] = now
+        self._use(model, now, now)
         if isinstance(n, int) and not isinstance(n, bool):
             key = (model, router)
             self.pending[key] = max(n, self.pending.get(key, 0))
@@ -30,6 +41,27 @@ class Demand:
         used = now - idle_s
         if used > self.evicted_at.get(model, float("-inf")):
             self.last_active[model] = max(self.last_active.get(model, 0.0), used)
+            self._use(model, used, now)
+
+    def _use(self, model: str, at: float, now: float) -> None:
+        uses = self.uses.setdefault(model, deque())
+        if uses and at < uses[-1] + USE_GAP_S:
+            return  # the same use again (each report repeats it), or one just after it
+        uses.append(at)
+        self._forget(uses, now)
+
+    def rate(self, model: str, now: float) -> float:
+        """Recent demand: uses per minute over the last DEMAND_WINDOW_S."""
+        uses = self.uses.get(model)
+        if not uses:
+            return 0.0
+        self._forget(uses, now)
+        return len(uses) * 60.0 / DEMAND_WINDOW_S
+
+    @staticmethod
+    def _forget(uses: deque, now: float) -> None:
+        while uses and uses[0] < now - DEMAND_WINDOW_S:
+            uses.popleft()
 
     def evicted(self, model: str, now: float) -> None:
         self.last_active[model] = float("-inf")

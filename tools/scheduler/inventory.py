@@ -60,6 +60,10 @@ class Replica:
     # A gang's leader whose workers join it (vLLM): the ADDR:PORT they meet at, once its
     # agent has chosen the port.
     master: str = ""
+    # When it last became ready (0: never yet): eviction spares it until it has been
+    # ready scheduler.eviction_min_lifetime_s (eviction.py). One first heard of as ready
+    # (adopted, or after a scheduler restart) counts from then.
+    ready_at: float = 0.0
 
     @property
     def gang(self) -> str:
@@ -160,6 +164,8 @@ class Inventory:
                 changed = False
         if r.state != state:
             r.since = now
+        if state == ShardState.READY and (r.state != state or not r.ready_at):
+            r.ready_at = now
         if state in LIVE:
             r.orphaned = False
         r.state = state

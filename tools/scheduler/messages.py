@@ -18,7 +18,8 @@ class Messages:
 
     def __init__(self, inv: Inventory, catalog: Catalog, needs: Needs, parking: Parking,
                  demand: Demand, intents: Intents, logs: LogRequests, drained, cfg, flags,
-                 leadership, clock, loads=None, counters=None):  # fmt: skip
+                 leadership, clock, loads=None, counters=None,
+                 coldstarts=None):  # fmt: skip
         self.inv = inv
         self.catalog = catalog
         self.needs = needs
@@ -33,6 +34,7 @@ class Messages:
         self.clock = clock
         self.loads = loads  # routers' load reports, for the autoscaler
         self.counters = counters  # engines' token counters, for the usage check
+        self.coldstarts = coldstarts  # each model's start-to-ready seconds, for eviction
 
     def handle(self, sender: str, msg: dict) -> None:
         now = self.clock()
@@ -99,9 +101,13 @@ class Messages:
             _log.info("node_up", node=sender, memory_gib=_gib(memory))
         self.inv.node_report(sender, body, now).draining = sender in self.drained
         shards = body.get("shards") or []
+        starting = [r for r in self.inv.on_node(sender) if r.state in STARTING]
         changed, vanished = self.inv.shards_report(
             sender, shards, now, grace_s=self.cfg.start_timeout_s
         )
+        for r in starting:  # ready, and its shard_status missed
+            if r.state == ShardState.READY:
+                self._came_up(r, now)
         for s in shards:
             self.intents.reported(s.get("id"))
             if self.counters is not None and s.get("tokens"):
@@ -130,6 +136,8 @@ class Messages:
                        endpoint=shard.get("endpoint"))  # fmt: skip
         if state == ShardState.READY:
             self.parking.succeeded(model)
+            if before is not None and was in STARTING:
+                self._came_up(before, now)
             m = self.catalog.models.get(model)
             # A gang's leader holds a part at most (its workers hold the weights): its
             # size is no measure of the model's, and once taught the scheduler that a
@@ -144,6 +152,11 @@ class Messages:
             # again at its next ready); one gone with its node or agent is no failure.
             counts = not orphaned and reason != bus.GONE_AFTER_AGENT_RESTART
             self.parking.failed(model, now, reason, counts=counts)
+
+    def _came_up(self, r, now: float) -> None:
+        """A replica we saw start is ready: how long its model takes to come back."""
+        if self.coldstarts is not None and not r.role:
+            self.coldstarts.record(r.model, now - r.created)
 
 
 def _a_start(state: str | None, orphaned: bool) -> bool:

@@ -141,6 +141,17 @@ class Fleet:
         )
         for direction, n in s.autoscaler.decisions.items():
             decisions.add_metric([direction], n)
+        evictions = CounterMetricFamily(
+            "llmgw_model_evictions",
+            "Times the model was evicted to make room for another on-demand model",
+            labels=["model"],
+        )
+        cold_start = GaugeMetricFamily(
+            "llmgw_model_cold_start_seconds",
+            "Seconds from the decision to start a replica until it was ready, as measured"
+            " (a moving average); eviction weighs it",
+            labels=["model"],
+        )
         failures = GaugeMetricFamily(
             "llmgw_model_start_failures",
             "Failed starts in a row (0 after a replica becomes ready)",
@@ -154,9 +165,13 @@ class Fleet:
             blocked.add_metric([name], 1 if name in s.autoscaler.blocked else 0)
             b = s.backoff.get(name)
             failures.add_metric([name], b.failures if b else 0)
+            if m.min == 0:
+                evictions.add_metric([name], s.eviction.evictions.get(name, 0))
+            if name in s.coldstarts.seconds:
+                cold_start.add_metric([name], round(s.coldstarts.seconds[name], 1))
         yield from (nodes_up, nodes_lost, memory, available, gpus, installs, replicas,
-                    ready, desired, parked, unplaceable, blocked, decisions, failures,
-                    idle)  # fmt: skip
+                    ready, desired, parked, unplaceable, blocked, decisions, evictions,
+                    cold_start, failures, idle)  # fmt: skip
 
 
 def watch_fleet(sched, registry=REGISTRY) -> Fleet:

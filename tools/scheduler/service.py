@@ -17,6 +17,7 @@ from llmgw.reconciler import Desired, ReplicaView, reconcile
 from llmgw.states import LIVE, STARTING, MsgType, ShardState
 from llmgw_scheduler.adapters import Adapters
 from llmgw_scheduler.autoscale import Autoscaler
+from llmgw_scheduler.coldstarts import ColdStarts
 from llmgw_scheduler.commands import Commands, Intents, LogRequests, Outbox
 from llmgw_scheduler.counters import EngineCounters
 from llmgw_scheduler.demand import Demand
@@ -83,14 +84,18 @@ class Scheduler:
         making_room: dict[str, tuple[str, float]] = {}
         self.views = Views(self.catalog, self.inv, needs, self.parking, self.demand,
                            self.unplaceable, making_room, cluster_secret, clock)  # fmt: skip
+        self.coldstarts = ColdStarts()
         self.eviction = Eviction(self.catalog, self.inv, needs, self.demand,
-                                 self.views.node_views, making_room, self.flags)  # fmt: skip
+                                 self.views.node_views, making_room, self.flags, s,
+                                 self.coldstarts)  # fmt: skip
+        self.views.eviction = self.eviction
         self.restarting = Restarts(self.inv, self.catalog, needs, self.commands,
                                    self.views.node_views, s, self.flags, clock)  # fmt: skip
         self.engine_counters = EngineCounters()  # for the usage check (usage_check.py)
         self.messages = Messages(self.inv, self.catalog, needs, self.parking, self.demand,
                                  self.intents, self.logs, self.drains, s, self.flags,
-                                 self.role, clock, self.loads, self.engine_counters)  # fmt: skip
+                                 self.role, clock, self.loads, self.engine_counters,
+                                 self.coldstarts)  # fmt: skip
         self.adapters = Adapters(
             self.catalog, self.inv, self.outbox, self.demand, self.flags,
             lambda name, node: self.commands.mirror_of(self.catalog.adapters[name], node),

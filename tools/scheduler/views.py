@@ -45,6 +45,7 @@ class Unplaceable(dict):
 
 class Views:
     adapters = None  # the Adapters (adapters.py): what each replica serves of them
+    eviction = None  # the Eviction (eviction.py): what holds a wanted model's room
 
     def __init__(self, catalog: Catalog, inv: Inventory, needs: Needs, parking: Parking,
                  demand: Demand, unplaceable: Unplaceable, making_room: dict,
@@ -113,9 +114,11 @@ class Views:
                 ModelState.STARTING,
                 f"making room: {self.making_room[model][0]} is being stopped",
             )
-        if model in self.unplaceable:
-            return ModelState.UNPLACEABLE, self.unplaceable[model]
         now = self.clock()
+        if model in self.unplaceable:
+            held = self.eviction.why_held(model, now) if self.eviction is not None else ""
+            # Last: the routing table keeps a reason's last 500 characters.
+            return ModelState.UNPLACEABLE, "; ".join(filter(None, (self.unplaceable[model], held)))
         b = self.parking.backoff.get(model)
         if b is not None and b.failures and b.next_at > now:
             return ModelState.BACKOFF, self.parking.last_error.get(model, "")

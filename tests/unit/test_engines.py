@@ -245,3 +245,28 @@ def test_an_engine_that_keeps_failing_counts_as_one_without_a_signal():
         probe.probe(ep, 100.0 + t)
     assert ep.signal is None
     probe.probe(ep, 105.0)  # not asked again before RETRY_S: the iterator is spent
+
+
+def engine_requests() -> dict:
+    """llmgw_router_engine_requests as the registry gives it: (endpoint, state) -> value."""
+    from prometheus_client import REGISTRY
+
+    return {(s.labels["endpoint"], s.labels["state"]): s.value
+            for m in REGISTRY.collect() if m.name == "llmgw_router_engine_requests"
+            for s in m.samples}  # fmt: skip
+
+
+def test_what_each_engine_last_said_is_a_metric_until_it_is_stale():
+    """An operator asking why a router sent requests elsewhere sees the load it saw."""
+    import time
+
+    busy, quiet = (Endpoint(f"r-{i}", "http://e", ("m",), engine="vllm") for i in (1, 2))
+    probe = Probe(RoutingTable([busy, quiet]), 1.0)
+    probe._get = scripted((200, VLLM_METRICS), (200, VLLM_IDLE))
+    now = time.time()
+    probe.probe(busy, now)
+    probe.probe(quiet, now)
+    assert engine_requests() == {("r-1", "running"): 2.0, ("r-1", "waiting"): 3.0,
+                                 ("r-2", "running"): 0.0, ("r-2", "waiting"): 0.0}  # fmt: skip
+    busy.signal.at = now - 60  # its word is stale: routing ignores it, and so does this
+    assert set(engine_requests()) == {("r-2", "running"), ("r-2", "waiting")}

@@ -16,6 +16,9 @@ import time
 import urllib.error
 import urllib.request
 
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily
+
 from llmgw import engines, log
 from llmgw.worker import Worker
 from llmgw_router.routing import SIGNAL_STALE_S as STALE_S
@@ -88,9 +91,44 @@ def replica_load(eps: list[Endpoint], slots_of, wall: float) -> dict[str, list[i
 NONE = ""  # an endpoint none of whose signal sources answered
 
 
+class EngineLoadCollector:
+    """`llmgw_router_engine_requests{endpoint,state}`: what each engine said at its last
+    probe (requests running, waiting), every router's together; none for an engine whose
+    word is older than STALE_S, as routing ignores it then. Read at scrape time, so an
+    endpoint that left the table leaves the metric with it. One per process (the
+    registry's): the router's Probe points it at its table."""
+
+    def __init__(self, clock=time.time):
+        self.table: RoutingTable | None = None
+        self.clock = clock
+
+    def describe(self):
+        yield GaugeMetricFamily("llmgw_router_engine_requests", "", labels=["endpoint", "state"])
+
+    def collect(self):
+        g = GaugeMetricFamily(
+            "llmgw_router_engine_requests",
+            "Requests each engine said it runs or queues at its last load probe, every "
+            "router's together (none: its word is stale or it gives none)",
+            labels=["endpoint", "state"],
+        )
+        now = self.clock()
+        for ep in self.table.endpoints() if self.table is not None else ():
+            sig = ep.signal
+            if sig is not None and now - sig.at <= STALE_S:
+                g.add_metric([ep.id, "running"], sig.busy)
+                g.add_metric([ep.id, "waiting"], sig.waiting)
+        yield g
+
+
+ENGINE_LOAD = EngineLoadCollector()
+REGISTRY.register(ENGINE_LOAD)
+
+
 class Probe:
     def __init__(self, table: RoutingTable, interval_s: float, on_change=None, clock=time.time):
         self.table = table
+        ENGINE_LOAD.table = table
         self.interval_s = interval_s
         self.on_change = on_change or (lambda: None)  # called (from the thread) after a pass
         self.clock = clock
@@ -143,7 +181,7 @@ class Probe:
 
     def tick(self) -> None:
         now = self.clock()
-        for ep in self.table.endpoints():
+        for ep in self.table.endpoints() if self.table is not None else ():
             self.probe(ep, now)
         self.on_change()
 

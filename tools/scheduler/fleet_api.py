@@ -96,6 +96,7 @@ class View:
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
              "idle_s": _round(self.s.idle_s(r, now)),
              **({"adapters": self.s.adapters.serving(r)} if r.adapters else {}),
+             **({"gpus": list(r.gpus)} if r.gpus else {}),
              **({"shards": shards} if (shards := self.s.gangs.shards(r.id)) else {})}
             for r in sorted(self.s.inv.replicas.values() if model is None
                             else self.s.inv.of_model(model), key=lambda r: (r.model, r.since))

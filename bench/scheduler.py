@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from llmgw import bus, catalog, config
-from llmgw.placement import GiB, Need, NodeView, place_many
+from llmgw.placement import GiB, Need, NodeView, gpus_of, place_many
 from llmgw.reconciler import Backoff, Desired, ReplicaView, reconcile
 from llmgw_router.feed import endpoints_from
 from llmgw_router.routing import RoutingTable
@@ -60,7 +60,7 @@ def fleet(n: int, rng: random.Random) -> list[NodeView]:
         nodes.append(NodeView(
             id=f"node-{i:05}", lost=rng.random() < 0.02, draining=rng.random() < 0.03,
             memory_free=rng.randrange(0, 96) * GiB // 2,
-            gpus_free=tuple(rng.choice([24, 40, 80]) * GiB for _ in range(8)) if gpu else (),
+            gpus=gpus_of(*(rng.choice([24, 40, 80]) * GiB for _ in range(8))) if gpu else (),
             engines=engines,
         ))  # fmt: skip
     return nodes
@@ -137,7 +137,8 @@ def bench_place_beside(n: int, old) -> tuple[float, float]:
     views, after checking both place every need alike."""
     rng = random.Random(n)
     nodes, todo = fleet(n, rng), needs(n, rng)
-    old_nodes = [old.NodeView(v.id, v.lost, v.draining, v.memory_free, v.gpus_free, v.engines,
+    old_nodes = [old.NodeView(v.id, v.lost, v.draining, v.memory_free,
+                              tuple(g.free for g in v.gpus), v.engines,
                               v.replicas) for v in nodes]  # fmt: skip
     old_todo = [old.Need(d.model, d.memory, d.gpus, d.engine) for d in todo]
     got = [p.node for p in place_many(todo, nodes)]

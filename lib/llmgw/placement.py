@@ -7,7 +7,13 @@ loss takes few of a model's replicas with it; then the most free memory; ties go
 the node id, so the same views always give the same answer.
 
 For a GPU model, `Need.memory` is what each of its GPUs must have free, and "free
-memory" in that ranking means the free memory of the GPUs it would get.
+memory" in that ranking means the free memory of the GPUs it would get. GPUs are known
+by UUID: one assigned to a replica (from the start decision until the replica has
+stopped, however free nvidia-smi says it is while the engine loads) or unusable (its
+agent reports it unhealthy, or in MIG mode) is never chosen. Which GPUs a replica gets
+on its node is `pick_gpus`: for one GPU the smallest that fits (the big ones stay free
+for bigger models); for a tensor-parallel group the set the node's topology matrix
+joins best (NVLink before PCIe, llmgw.topology.choose_gpus), else the smallest that fit.
 
 A pass over a thousand nodes must not compare every need with every node: nodes are
 kept in lists per engine state, sorted by free memory, so finding the best fit is a walk
@@ -15,6 +21,7 @@ past the few nodes that already hold the model. Reason strings are built only wh
 nothing fits or when asked.
 """
 
+import dataclasses
 import gc
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -23,6 +30,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedList
 
 from llmgw import engines
+from llmgw.topology import Topology, choose_gpus
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -42,18 +50,99 @@ class Need:
     weights: str = ""  # their content id: a node that has them needs no disk
 
 
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU of a node, by its UUID."""
+
+    uuid: str
+    free: int  # bytes free, as its agent last read them
+    index: int = -1  # nvidia-smi's index: its row in the topology matrix (-1: unknown)
+    booked: str = ""  # the replica it is assigned to, until that replica has stopped
+    unusable: str = ""  # why it takes no work at all ("unhealthy: 2 uncorrectable ...")
+
+    @property
+    def why_not(self) -> str:
+        """Empty for a GPU a new replica may take, else why not."""
+        return self.unusable or (f"assigned to {self.booked}" if self.booked else "")
+
+    def label(self) -> str:
+        return f"GPU {self.index}" if self.index >= 0 else self.uuid
+
+    @classmethod
+    def from_report(cls, report: dict, booked: Mapping[str, str]) -> "Gpu":
+        """A GPU as its agent reports it in `resources.gpus`, with `booked` (UUID -> the
+        replica assigned it). An agent too old to say a UUID is known by the index."""
+        index = int(report.get("index", -1))
+        uuid = str(report.get("uuid") or index)
+        unusable = ""
+        if report.get("healthy") is False:
+            unusable = f"unhealthy: {report.get('health') or 'its agent says so'}"
+        elif str(report.get("mig") or "").lower() == "enabled":
+            # CUDA sees a GPU in MIG mode only through its instances, which llmgw does
+            # not assign: a replica given the whole card would find no device.
+            unusable = "in MIG mode (llmgw assigns whole GPUs only)"
+        return cls(uuid, int(report.get("memory_free") or 0), index, booked.get(uuid, ""),
+                   unusable)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GpuPick:
+    """The GPUs a replica gets on its node (UUIDs, in nvidia-smi's index order) and a
+    sentence for explain-placement saying which and why."""
+
+    uuids: tuple[str, ...]
+    why: str
+
+
+def pick_gpus(gpus: tuple[Gpu, ...] | list[Gpu], k: int, memory: int,
+              topo: Topology | None = None) -> GpuPick | None:  # fmt: skip
+    """`k` of the GPUs that may be taken and have `memory` bytes free; None if too few."""
+    fit = sorted((g for g in gpus if not g.why_not and g.free >= memory),
+                 key=lambda g: (g.free, g.index, g.uuid))  # fmt: skip
+    if k <= 0 or len(fit) < k:
+        return None
+    if k == 1:
+        g = fit[0]
+        return GpuPick((g.uuid,), f"{g.label()}, the fullest that fits ({size(g.free)} free)")
+    by_index = {g.index: g for g in fit}
+    if topo is not None and topo.gpus and -1 not in by_index and len(by_index) == len(fit):
+        choice = choose_gpus(topo, list(by_index), k)
+        if choice is not None:
+            return GpuPick(tuple(by_index[i].uuid for i in choice.gpus), choice.why)
+    chosen = sorted(fit[:k], key=lambda g: (g.index, g.uuid))
+    names = ",".join(str(g.index) if g.index >= 0 else g.uuid for g in chosen)
+    return GpuPick(tuple(g.uuid for g in chosen),
+                   f"GPUs {names}, the fullest that fit (no topology matrix reported)")  # fmt: skip
+
+
+def gpus_of(*free: int) -> tuple[Gpu, ...]:
+    """GPUs 0, 1, … with these bytes free, UUIDs "GPU-0", "GPU-1"… (tests, benchmarks)."""
+    return tuple(Gpu(f"GPU-{i}", f, i) for i, f in enumerate(free))
+
+
+def gpu_words(gpus: tuple[Gpu, ...]) -> str:
+    """Why each GPU that cannot be taken cannot: "GPU 1 unhealthy: …; GPU 0 assigned to …"."""
+    return "; ".join(f"{g.label()} {g.why_not}" for g in gpus if g.why_not)
+
+
 @dataclass
 class NodeView:
     id: str
     lost: bool = False
     draining: bool = False
     memory_free: int = 0  # bytes available for new replicas
-    gpus_free: tuple[int, ...] = ()  # free memory (bytes) of each GPU not in use
+    gpus: tuple[Gpu, ...] = ()  # every GPU it reports, assigned and unusable ones too
     # engine id -> "installed" | "installing" | "failed: <reason>"; absent: installable
     engines: dict[str, str] = field(default_factory=dict)
     replicas: dict[str, int] = field(default_factory=dict)  # model -> replicas on this node
     disk_free: int = 0  # bytes free where the agent keeps weights (0: not reported)
     weights: frozenset = frozenset()  # content ids of the weights it has
+    topology: Topology | None = None  # its GPU interconnect matrix, if it reported one
+
+    @property
+    def gpus_free(self) -> tuple[Gpu, ...]:
+        """The GPUs a new replica may take."""
+        return tuple(g for g in self.gpus if not g.why_not)
 
 
 def short_of_disk(need: Need, node: NodeView) -> bool:
@@ -137,12 +226,15 @@ def why_not(need: Need, node: NodeView) -> str | None:
         return disk_words(need, node)
     k = gpus_needed(need)
     if k:
-        have = len(node.gpus_free)
-        if have < k:
-            return f"needs {k} GPU{'s' * (k != 1)}, has {have}"
-        fit = sum(1 for g in node.gpus_free if g >= need.memory)
+        gpus = f"{k} GPU{'s' * (k != 1)}"
+        if len(node.gpus) < k:
+            return f"needs {gpus}, has {len(node.gpus)}"
+        free = node.gpus_free
+        if len(free) < k:
+            return f"needs {gpus}, {len(free)} can be taken ({gpu_words(node.gpus)})"
+        fit = sum(1 for g in free if g.free >= need.memory)
         if fit < k:
-            return f"needs {k} GPU{'s' * (k != 1)} with {size(need.memory)} free, has {fit}"
+            return f"needs {gpus} with {size(need.memory)} free, has {fit}"
         return None
     if node.memory_free < need.memory:
         want, free = size(need.memory), size(node.memory_free)
@@ -162,8 +254,8 @@ def _tier(state: str | None) -> int | None:
     return None
 
 
-def _kth_largest(gpus: list[int], k: int) -> int:
-    return sorted(gpus, reverse=True)[k - 1] if len(gpus) >= k else -1
+def _kth_largest(gpus: list[Gpu], k: int) -> int:
+    return sorted((g.free for g in gpus), reverse=True)[k - 1] if len(gpus) >= k else -1
 
 
 class _Index:
@@ -258,7 +350,12 @@ class Fleet:
         self.rank = {node: i for i, node in enumerate(self.ids)}
         self.width = max(len(self.ids), 1)
         self.memory = {n.id: n.memory_free for n in self.usable}
-        self.gpus = {n.id: list(n.gpus_free) for n in self.usable if n.gpus_free}
+        # Per node, the GPUs a replica may still take (its booked and unusable ones left
+        # out): each booking replaces the list, so the log below can keep the old one.
+        self.gpus: dict[str, list[Gpu]] = {}
+        for n in self.usable:
+            if free := n.gpus_free:
+                self.gpus[n.id] = list(free)
         if replicas is None:
             replicas = {}
             for n in nodes:
@@ -349,7 +446,7 @@ class Fleet:
         for node in memory:
             if node in out:
                 continue
-            if not gpus.get(node):
+            if not self.nodes[node].gpus:
                 out[node] = no_gpus
             else:
                 why = why_not(need, _booked(self.nodes[node], memory, gpus))
@@ -357,33 +454,38 @@ class Fleet:
                     out[node] = why
         return out
 
-    def take(self, need: Need, node: str) -> None:
-        """Book one replica of `need` on `node`: its memory or GPUs, and one for spread."""
+    def take(self, need: Need, node: str) -> GpuPick | None:
+        """Book one replica of `need` on `node`: its memory or GPUs, and one for spread.
+        Returns the GPUs it gets (None for a CPU replica)."""
         k = gpus_needed(need)
         free = self.memory[node]
         self._log.append((node, free, self.gpus.get(node)))
+        pick = None
         if k == 0:
             self.memory[node] = free - need.memory
         else:
-            gpus = sorted(self.gpus.get(node, []))
-            # The smallest GPUs that fit, keeping the big ones for bigger models.
-            fit = [i for i, g in enumerate(gpus) if g >= need.memory][:k]
-            self.gpus[node] = [g for i, g in enumerate(gpus) if i not in fit]
+            gpus = self.gpus.get(node, [])
+            pick = pick_gpus(gpus, k, need.memory, self.nodes[node].topology)
+            taken = set(pick.uuids) if pick else set()
+            self.gpus[node] = [g for g in gpus if g.uuid not in taken]
         counts = self.replicas.setdefault(need.model, {})
         counts[node] = counts.get(node, 0) + 1
         if self._reasons:
             self._reasons.clear()
+        return pick
 
 
 def _booked(node: NodeView, memory: dict, gpus: dict) -> NodeView:
     """`node` with the free memory and GPUs the booking left it."""
     if node.id not in memory:
         return node
-    free = tuple(gpus.get(node.id, ()))
-    if memory[node.id] == node.memory_free and free == node.gpus_free:
+    left = {g.uuid for g in gpus.get(node.id, ())}
+    taken = tuple(g if g.why_not or g.uuid in left else
+                  dataclasses.replace(g, booked="a replica placed in this pass")
+                  for g in node.gpus)  # fmt: skip
+    if memory[node.id] == node.memory_free and taken == node.gpus:
         return node
-    return NodeView(node.id, node.lost, node.draining, memory[node.id], free,
-                    node.engines, node.replicas, node.disk_free, node.weights)  # fmt: skip
+    return dataclasses.replace(node, memory_free=memory[node.id], gpus=taken)
 
 
 def place(need: Need, nodes: list[NodeView], explain: bool = False) -> Placement:

@@ -202,19 +202,23 @@ class _Moved:
 def _without(nodes: list[NodeView], old: ReplicaView, freed: int, gpus: int = 0,
              gpu_memory: int = 0) -> list[NodeView]:  # fmt: skip
     """The node views as they would be with `old` stopped: its host memory (`freed`), its
-    GPUs and its place in the spread count back. The views do not say which GPUs it
-    holds; a GPU model's replica takes `gpus` GPUs with `gpu_memory` free each, so that
-    much goes back to the fullest `gpus` of them (a GPU model on a full GPU node could
-    otherwise never be restarted in place)."""
+    GPUs and its place in the spread count back. The GPUs assigned to it are free again,
+    each with `gpu_memory` more free (a GPU model on a full GPU node could otherwise never
+    be restarted in place); for one whose GPUs are not known (started before agents said
+    which), that much goes back to the fullest `gpus` of those not assigned."""
     out = []
     for n in nodes:
         if n.id == old.node:
             counts = dict(n.replicas)
             counts[old.model] = max(0, counts.get(old.model, 0) - 1)
-            free = sorted(n.gpus_free)
-            for i in range(min(gpus, len(free))):
-                free[i] += gpu_memory
+            back = [dataclasses.replace(g, booked="", free=g.free + gpu_memory)
+                    if g.booked == old.id else g for g in n.gpus]  # fmt: skip
+            if not any(g.booked == old.id for g in n.gpus):
+                fullest = sorted((i for i, g in enumerate(back) if not g.why_not),
+                                 key=lambda i: back[i].free)[:gpus]  # fmt: skip
+                for i in fullest:
+                    back[i] = dataclasses.replace(back[i], free=back[i].free + gpu_memory)
             n = dataclasses.replace(n, memory_free=n.memory_free + freed, replicas=counts,
-                                    gpus_free=tuple(free))  # fmt: skip
+                                    gpus=tuple(back))  # fmt: skip
         out.append(n)
     return out

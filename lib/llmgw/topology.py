@@ -182,15 +182,25 @@ def parse_topo_matrix(text: str) -> Topology:
 # --------------------------------------------------------------------------------------
 # nvidia-smi --query-gpu
 
+# One query for what the scheduler places by (identity, free memory, health, MIG) and
+# what the metrics show. The first nine fields are as old as any supported driver; a
+# driver that refuses the rest (remapped rows came with Ampere's drivers) is asked for
+# GPU_BASIC_FIELDS instead, and what it could not say is unknown.
 GPU_HEALTH_FIELDS = (
     "index", "uuid", "name", "memory.total", "memory.used", "utilization.gpu",
-    "temperature.gpu", "ecc.errors.uncorrected.volatile.total",
+    "temperature.gpu", "ecc.errors.uncorrected.volatile.total", "memory.free",
+    "retired_pages.pending", "remapped_rows.pending", "mig.mode.current",
 )  # fmt: skip
-GPU_HEALTH_QUERY = [
-    "--query-gpu=" + ",".join(GPU_HEALTH_FIELDS),
-    "--format=csv,noheader,nounits",
-]
+GPU_BASIC_FIELDS = GPU_HEALTH_FIELDS[:9]
+
+
+def gpu_query(fields: tuple[str, ...] = GPU_HEALTH_FIELDS) -> list[str]:
+    return ["--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
+
+
+GPU_HEALTH_QUERY = gpu_query()
 _MISSING = ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[GPU is lost]")
+_YES, _NO = ("yes", "true", "1"), ("no", "false", "0")
 
 
 @dataclass(frozen=True)
@@ -205,13 +215,42 @@ class GpuHealth:
     utilization: float | None  # percent
     temperature: float | None  # °C
     ecc_uncorrected: int | None  # since the driver loaded
+    memory_free: int | None = None
+    retired_pages_pending: bool | None = None  # a page waits for a reset to be retired
+    remapped_rows_pending: bool | None = None  # a row remap waits for a reset
+    mig: str = ""  # mig.mode.current: "Enabled", "Disabled", "" (not known / no MIG)
+
+    @property
+    def problem(self) -> str:
+        """Why it should not be given work ("" when nothing says so: an unknown figure is
+        not a fault, or every GeForce card would be unusable)."""
+        why = []
+        if self.ecc_uncorrected:
+            n = self.ecc_uncorrected
+            why.append(f"{n} uncorrectable ECC error{'s' * (n != 1)}")
+        if self.retired_pages_pending:
+            why.append("retired pages pending (needs a GPU reset)")
+        if self.remapped_rows_pending:
+            why.append("row remapping pending (needs a GPU reset)")
+        return "; ".join(why)
 
     def as_dict(self) -> dict:
         return {
             "index": self.index, "uuid": self.uuid, "name": self.name,
             "memory_total": self.memory_total, "memory_used": self.memory_used,
             "utilization": self.utilization, "temperature": self.temperature,
-            "ecc_uncorrected": self.ecc_uncorrected,
+            "ecc_uncorrected": self.ecc_uncorrected, "memory_free": self.memory_free,
+            "retired_pages_pending": self.retired_pages_pending,
+            "remapped_rows_pending": self.remapped_rows_pending, "mig": self.mig,
+        }  # fmt: skip
+
+    def resource(self) -> dict:
+        """The GPU as the agent's `resources.gpus` reports it, for placement."""
+        problem = self.problem
+        return {
+            "index": self.index, "uuid": self.uuid, "name": self.name,
+            "memory_total": self.memory_total or 0, "memory_free": self.memory_free or 0,
+            "healthy": not problem, "health": problem, "mig": self.mig,
         }  # fmt: skip
 
 
@@ -224,30 +263,49 @@ def _number(cell: str, what: str, line: str) -> float | None:
         raise TopologyError(f"{what} is '{cell}', not a number: {line!r}") from None
 
 
-def parse_gpu_health(text: str) -> list[GpuHealth]:
-    """Parse `nvidia-smi` with GPU_HEALTH_QUERY (CSV, no header, no units; memory MiB)."""
+def _flag(cell: str | None) -> bool | None:
+    if cell is None or cell in _MISSING:
+        return None
+    if cell.lower() in _YES:
+        return True
+    if cell.lower() in _NO:
+        return False
+    return None  # a word a newer driver may use: unknown, never a fault
+
+
+def _mib(cell: str | None, what: str, line: str) -> int | None:
+    value = None if cell is None else _number(cell, what, line)
+    return None if value is None else int(value) * 1024 * 1024
+
+
+def parse_gpu_health(text: str, fields: tuple[str, ...] = GPU_HEALTH_FIELDS) -> list[GpuHealth]:
+    """Parse `nvidia-smi` with gpu_query(fields) (CSV, no header, no units; memory MiB)."""
     out = []
     for line in text.splitlines():
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) != len(GPU_HEALTH_FIELDS):
+        if len(cells) != len(fields):
             raise TopologyError(
-                f"expected {len(GPU_HEALTH_FIELDS)} fields "
-                f"({','.join(GPU_HEALTH_FIELDS)}), got {len(cells)}: {line!r}"
+                f"expected {len(fields)} fields ({','.join(fields)}), got {len(cells)}: {line!r}"
             )
-        if not cells[0].isdigit():
-            raise TopologyError(f"GPU index is '{cells[0]}': {line!r}")
-        total = _number(cells[3], "memory.total", line)
-        used = _number(cells[4], "memory.used", line)
-        ecc = _number(cells[7], "ecc.errors.uncorrected.volatile.total", line)
+        row = dict(zip(fields, cells, strict=True))
+        if not row["index"].isdigit():
+            raise TopologyError(f"GPU index is '{row['index']}': {line!r}")
+        ecc = _number(row["ecc.errors.uncorrected.volatile.total"],
+                      "ecc.errors.uncorrected.volatile.total", line)  # fmt: skip
+        mig = row.get("mig.mode.current", "")
         out.append(GpuHealth(
-            index=int(cells[0]), uuid=cells[1], name=cells[2],
-            memory_total=None if total is None else int(total) * 1024 * 1024,
-            memory_used=None if used is None else int(used) * 1024 * 1024,
-            utilization=_number(cells[5], "utilization.gpu", line),
-            temperature=_number(cells[6], "temperature.gpu", line),
+            index=int(row["index"]), uuid=row["uuid"], name=row["name"],
+            memory_total=_mib(row["memory.total"], "memory.total", line),
+            memory_used=_mib(row["memory.used"], "memory.used", line),
+            utilization=_number(row["utilization.gpu"], "utilization.gpu", line),
+            temperature=_number(row["temperature.gpu"], "temperature.gpu", line),
             ecc_uncorrected=None if ecc is None else int(ecc),
+            memory_free=_mib(row.get("memory.free"), "memory.free", line),
+            retired_pages_pending=_flag(row.get("retired_pages.pending")),
+            remapped_rows_pending=_flag(row.get("remapped_rows.pending")),
+            mig="" if mig in _MISSING else mig,
         ))  # fmt: skip
     return out
 
@@ -399,14 +457,3 @@ def _greedy(topo: Topology, free: list[int], n: int) -> tuple[int, ...]:
         if best is None or _score(topo, cand) < _score(topo, best):
             best = cand
     return best
-
-
-def group_on_node(report: dict | None, gpus: list[dict], k: int, memory: int) -> GpuChoice | None:
-    """The GPUs a `k`-GPU group would get on a node, for explain-placement: from the
-    node's reported topology (the hello's `topology`) and GPUs (`resources.gpus`), those
-    with `memory` bytes free. None for fewer than two GPUs, a node without a matrix, or
-    too few GPUs free."""
-    if k < 2 or not report or not report.get("matrix"):
-        return None
-    free = [int(g["index"]) for g in gpus if int(g.get("memory_free", 0)) >= memory]
-    return choose_gpus(Topology.from_dict(report["matrix"]), free, k)

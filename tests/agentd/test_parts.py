@@ -26,7 +26,9 @@ from llmgw_agentd.engines import (
     vllm_command,
 )
 from llmgw_agentd.errors import EngineError, WeightsError
-from llmgw_agentd.resources import Resources, parse_gpus, parse_meminfo
+from llmgw_agentd.resources import Resources, parse_meminfo
+from llmgw_agentd.supervisor import engine_env
+from llmgw_agentd.topology import Probe
 from llmgw_agentd.weights import Weights
 from tests.helpers import eventually
 
@@ -164,9 +166,45 @@ def test_the_agent_and_the_build_script_record_the_same_patches():
 def test_memory_and_gpus_are_read_as_bytes():
     total, available = parse_meminfo("MemTotal: 1000 kB\nMemFree: 10 kB\nMemAvailable: 500 kB\n")
     assert (total, available) == (1024000, 512000)
-    (gpu,) = parse_gpus("0, NVIDIA H200, 143771, 143000\n")
-    assert gpu == {"index": 0, "name": "NVIDIA H200", "memory_total": 143771 * 2**20,
-                   "memory_free": 143000 * 2**20}  # fmt: skip
+    line = "0, GPU-h, NVIDIA H200, 143771, 771, 0, 30, 0, 143000, No, No, Disabled\n"
+    probe = Probe(AgentConfig(), run=lambda args: line)
+    (gpu,) = Resources(AgentConfig(), probe=probe).gpus()
+    assert gpu == {"index": 0, "uuid": "GPU-h", "name": "NVIDIA H200",
+                   "memory_total": 143771 * 2**20, "memory_free": 143000 * 2**20,
+                   "healthy": True, "health": "", "mig": "Disabled"}  # fmt: skip
+
+
+def test_gpus_and_their_health_come_from_one_nvidia_smi_query():
+    calls = []
+
+    def run(args):
+        calls.append(args)
+        if args[0] == "topo":
+            return ""
+        return "0, GPU-h, H200, 143771, 771, 0, 30, 3, 143000, No, No, Disabled\n"
+
+    probe = Probe(AgentConfig(), run=run)
+    res = Resources(AgentConfig(memory_bytes=1000), probe=probe)
+    assert res.snapshot()["gpus"][0]["health"] == "3 uncorrectable ECC errors"
+    assert probe.report()["health"][0]["ecc_uncorrected"] == 3
+    assert len([c for c in calls if c[0].startswith("--query-gpu=")]) == 1
+
+
+def test_a_driver_that_refuses_the_health_fields_is_asked_for_the_basic_ones():
+    def run(args):
+        if "remapped_rows.pending" in args[0]:
+            raise subprocess.CalledProcessError(2, "nvidia-smi", "", "Field is not valid")
+        return "0, GPU-t, Tesla T4, 15360, 0, 0, 40, 0, 15000\n"
+
+    (gpu,) = Resources(AgentConfig(), probe=Probe(AgentConfig(), run=run)).gpus()
+    assert (gpu["uuid"], gpu["memory_free"], gpu["healthy"]) == ("GPU-t", 15000 * 2**20, True)
+
+
+def test_an_engine_given_gpus_sees_only_them_by_uuid():
+    env = engine_env({"VLLM_API_KEY": "k"}, ["GPU-a", "GPU-b"])
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b" and env["VLLM_API_KEY"] == "k"
+    assert "PATH" in env
+    assert engine_env({}, []).get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def test_a_memory_override_is_shared_by_what_the_shards_use():

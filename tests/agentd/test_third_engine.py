@@ -12,7 +12,7 @@ from llmgw import catalog, engines
 from llmgw.config import AgentConfig, ModelConfig, ProfileConfig
 from llmgw.engines import Launch
 from llmgw.errors import ConfigError
-from llmgw.placement import GiB, Need, NodeView, place
+from llmgw.placement import GiB, Need, NodeView, gpus_of, place
 from llmgw_agentd import counters, supervisor
 from llmgw_agentd.engines import Installer
 from llmgw_agentd.weights import Weights
@@ -43,7 +43,7 @@ def test_the_catalog_and_placement_take_a_model_on_a_registered_third_engine(thi
         catalog.load([model(gpus=1, nodes=2)])
     need = Need("m3", GiB, 0, m.engine_id)  # its GPU is the engine's word, not the profile's
     cpu = NodeView("cpu", memory_free=8 * GiB)
-    gpu = NodeView("gpu", memory_free=8 * GiB, gpus_free=(4 * GiB,))
+    gpu = NodeView("gpu", memory_free=8 * GiB, gpus=gpus_of(4 * GiB))
     assert place(need, [cpu, gpu]).node == "gpu"
     assert place(need, [cpu]).reasons["cpu"] == "needs 1 GPU, has 0"
 

@@ -14,6 +14,7 @@ from llmgw import topology
 from llmgw.config import AgentConfig
 from llmgw_agentd import metrics
 from llmgw_agentd.topology import Probe, run_nvidia_smi
+from tests import fake_smi as smi
 from tests.agentd.conftest import NODE
 from tests.helpers import Proc, eventually, free_port
 
@@ -86,7 +87,7 @@ def test_a_failing_or_garbled_driver_reports_none_says_so_once_and_keeps_the_age
     warnings = [r.getMessage() for r in caplog.records if "probe_failed" in r.getMessage()]
     assert len(warnings) == 2, warnings  # one per reading, not one per heartbeat
     assert "nvidia-smi exited 9: NVML: Driver Not Loaded" in warnings[0]
-    assert "expected 8 fields" in warnings[1]
+    assert "expected 12 fields" in warnings[1]
 
 
 def sample(name: str, **labels) -> float | None:
@@ -116,20 +117,7 @@ def test_gpu_health_becomes_gauges_and_a_missing_figure_has_no_sample():
 def smi_bin(tmp_path) -> Path:
     """A directory whose nvidia-smi prints the 2×A100 captures, first on PATH."""
     bindir = tmp_path / "bin"
-    bindir.mkdir()
-    script = bindir / "nvidia-smi"
-    script.write_text(
-        f"#!{sys.executable}\n"
-        "import sys\n"
-        f"box = {str(FIX / 'a100-nvlink-pair')!r}\n"
-        "ext = 'topo.txt' if sys.argv[1:3] == ['topo', '-m'] else 'health.csv'\n"
-        "if sys.argv[1].startswith('--query-gpu=index,name'):\n"
-        "    print('0, NVIDIA A100-SXM4-80GB, 81920, 81916')\n"
-        "    print('1, NVIDIA A100-SXM4-80GB, 81920, 81916')\n"
-        "    sys.exit(0)\n"
-        "sys.stdout.write(open(box + '.' + ext).read())\n"
-    )
-    script.chmod(0o755)
+    smi.write(bindir)
     return bindir
 
 

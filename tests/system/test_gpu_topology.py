@@ -2,30 +2,14 @@
 capture) to `llmgw nodes` and `llmgw explain-placement` through a real scheduler."""
 
 import json
-import os
-import sys
 
+from tests import fake_smi
 from tests.helpers import eventually
 from tests.system.conftest import GiB
-from tests.unit.test_topology import FIX
 
 
 def fake_nvidia_smi(bindir) -> str:
-    bindir.mkdir()
-    script = bindir / "nvidia-smi"
-    script.write_text(
-        f"#!{sys.executable}\n"
-        "import sys\n"
-        f"box = {str(FIX / 'a100-nvlink-pair')!r}\n"
-        "if sys.argv[1].startswith('--query-gpu=index,name,'):\n"
-        "    print('0, NVIDIA A100-SXM4-80GB, 81920, 81916')\n"
-        "    print('1, NVIDIA A100-SXM4-80GB, 81920, 81916')\n"
-        "    sys.exit(0)\n"
-        "ext = 'topo.txt' if sys.argv[1:3] == ['topo', '-m'] else 'health.csv'\n"
-        "sys.stdout.write(open(box + '.' + ext).read())\n"
-    )
-    script.chmod(0o755)
-    return f"{bindir}:{os.environ['PATH']}"
+    return fake_smi.write(bindir)
 
 
 def test_explain_placement_says_which_link_joins_a_tensor_parallel_group(cluster, tmp_path):

@@ -6,6 +6,7 @@ from llmgw.placement import (
     Need,
     NodeView,
     gpus_needed,
+    gpus_of,
     place,
     place_many,
     why_not,
@@ -44,12 +45,12 @@ def test_memory_figures_that_round_alike_get_another_decimal():
 
 
 def test_too_few_gpus_says_how_many_are_needed_and_present():
-    n = NodeView("a", gpus_free=(80 * GiB,))
+    n = NodeView("a", gpus=gpus_of(80 * GiB))
     assert why_not(Need("m", 10 * GiB, 4, VLLM), n) == "needs 4 GPUs, has 1"
 
 
 def test_gpus_without_enough_free_memory_are_reported_with_the_memory():
-    n = NodeView("a", gpus_free=(80 * GiB, 20 * GiB))
+    n = NodeView("a", gpus=gpus_of(80 * GiB, 20 * GiB))
     assert why_not(Need("m", 40 * GiB, 2, VLLM), n) == "needs 2 GPUs with 40 GiB free, has 1"
 
 
@@ -137,8 +138,8 @@ def test_replicas_of_one_model_in_a_pass_spread_over_the_nodes():
 def test_gpu_needs_go_where_enough_gpus_have_the_memory():
     nodes = [
         NodeView("cpu", memory_free=500 * GiB),
-        NodeView("small", gpus_free=(24 * GiB,) * 4),
-        NodeView("big", gpus_free=(80 * GiB, 80 * GiB)),
+        NodeView("small", gpus=gpus_of(*(24 * GiB,) * 4)),
+        NodeView("big", gpus=gpus_of(80 * GiB, 80 * GiB)),
     ]
     assert place(Need("m", 40 * GiB, 2, VLLM), nodes).node == "big"
     assert place(Need("m", 20 * GiB, 4, VLLM), nodes).node == "small"
@@ -152,7 +153,7 @@ def test_gpu_needs_go_where_enough_gpus_have_the_memory():
 
 
 def test_a_gpu_replica_takes_its_gpus_out_of_the_pass():
-    nodes = [NodeView("g", gpus_free=(80 * GiB, 30 * GiB, 30 * GiB))]
+    nodes = [NodeView("g", gpus=gpus_of(80 * GiB, 30 * GiB, 30 * GiB))]
     got = place_many([Need(m, 25 * GiB, 1, VLLM) for m in "abcd"], nodes)
     # The smallest GPUs that fit go first, so the 80 GiB one stays for a big model.
     assert [p.node for p in got] == ["g", "g", "g", None]
@@ -203,7 +204,7 @@ def test_the_reasons_of_a_pass_match_why_not_for_each_node():
     nodes = [
         NodeView(f"n{i}", lost=rng.random() < 0.1, draining=rng.random() < 0.1,
                  memory_free=rng.choice([0, GiB // 2, GiB, 3 * GiB]),
-                 gpus_free=rng.choice([(), (40 * GiB,), (80 * GiB, 20 * GiB)]),
+                 gpus=gpus_of(*rng.choice([(), (40 * GiB,), (80 * GiB, 20 * GiB)])),
                  engines=rng.choice([{}, {LLAMA: "installed"}, {LLAMA: "failed: oops"},
                                      {VLLM: "installing"}]))
         for i in range(60)
@@ -222,7 +223,7 @@ def test_a_mixed_pass_over_several_engines_agrees_with_a_plain_scan_of_every_nod
     engines = [LLAMA, "llama.cpp-0.4.0", VLLM]
     nodes = [
         NodeView(f"n{i:02}", draining=rng.random() < 0.05, memory_free=rng.randrange(0, 9) * GiB,
-                 gpus_free=rng.choice([(), (), (24 * GiB, 80 * GiB), (40 * GiB,) * 4]),
+                 gpus=gpus_of(*rng.choice([(), (), (24 * GiB, 80 * GiB), (40 * GiB,) * 4])),
                  engines={e: s for e in engines
                           if (s := rng.choice(["installed", "installing", None])) is not None})
         for i in range(40)
@@ -236,7 +237,7 @@ def test_a_mixed_pass_over_several_engines_agrees_with_a_plain_scan_of_every_nod
             gib = rng.choice([0.5, 1, 2])
             needs.append(cpu(f"m{rng.randrange(6)}", gib, engine=rng.choice(engines[:2])))
     memory = {n.id: n.memory_free for n in nodes}
-    gpus = {n.id: sorted(n.gpus_free) for n in nodes}
+    gpus = {n.id: sorted(g.free for g in n.gpus) for n in nodes}
     counts: dict[tuple[str, str], int] = {}
     tier = {"installed": 0, "installing": 1, None: 2}
     placed = 0
@@ -250,7 +251,7 @@ def test_a_mixed_pass_over_several_engines_agrees_with_a_plain_scan_of_every_nod
             return g[k - 1] if len(g) >= k else -1
 
         def booked(n):
-            return NodeView(n.id, n.lost, n.draining, memory[n.id], tuple(gpus[n.id]), n.engines)
+            return NodeView(n.id, n.lost, n.draining, memory[n.id], gpus_of(*gpus[n.id]), n.engines)
 
         fits = [n for n in nodes if why_not(need, booked(n)) is None]
         best = min(

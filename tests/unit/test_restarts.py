@@ -1,6 +1,6 @@
 """Restart decisions, pass by pass, with a fake clock."""
 
-from llmgw.placement import GiB, Need, NodeView
+from llmgw.placement import GiB, Need, NodeView, gpus_of
 from llmgw.reconciler import ReplicaView
 from llmgw.restarts import DONE, GIVEN_UP, IN_PLACE, QUEUED, REPLACING, SURGE, Restart, plan
 
@@ -192,7 +192,7 @@ def test_a_gpu_model_on_a_full_gpu_node_is_restarted_in_place_counting_its_freed
     j = job("r1", model="g", in_place=True)
     replicas = as_dict(rep("r1", model="g"))
     # One 24 GiB GPU, 22 GiB of it held by r1; plenty of host memory.
-    nodes = [NodeView("a", memory_free=64 * GiB, gpus_free=(2 * GiB,),
+    nodes = [NodeView("a", memory_free=64 * GiB, gpus=gpus_of(2 * GiB),
                       engines={GPU: "installed"}, replicas={"g": 1})]  # fmt: skip
     steps = plan([j], replicas, nodes, needs, 10.0, TIMEOUT)
     assert steps.stop_now == [j], j.reason

@@ -78,6 +78,51 @@ def test_gpu_health_reads_figures_in_bytes_and_percent():
     assert [g.ecc_uncorrected for g in gpus] == [0, 0, 0, 0, 0, 2, 0, 0]
 
 
+def test_gpu_health_reads_free_memory_pending_resets_and_mig_mode():
+    h100 = topology.parse_gpu_health((FIX / "h100-sxm-8gpu.health.csv").read_text())
+    assert h100[2].memory_free == 10325 * 1024 * 1024
+    assert [g.remapped_rows_pending for g in h100] == [False] * 6 + [True, False]
+    assert {g.mig for g in h100} == {"Disabled"}
+    a100 = topology.parse_gpu_health((FIX / "a100-nvlink-pair.health.csv").read_text())
+    assert [g.mig for g in a100] == ["Disabled", "Enabled"]
+
+
+def test_a_gpu_with_uncorrectable_errors_or_a_reset_pending_is_unhealthy_with_the_reason():
+    h100 = topology.parse_gpu_health((FIX / "h100-sxm-8gpu.health.csv").read_text())
+    assert [g.problem for g in h100] == [""] * 5 + [
+        "2 uncorrectable ECC errors",
+        "row remapping pending (needs a GPU reset)",
+        "",
+    ]
+    assert h100[5].resource()["healthy"] is False
+    assert h100[5].resource()["health"] == "2 uncorrectable ECC errors"
+    pcie = topology.parse_gpu_health((FIX / "pcie-4gpu.health.csv").read_text())
+    assert pcie[1].problem == "retired pages pending (needs a GPU reset)"
+    assert pcie[0].resource() == {
+        "index": 0, "uuid": "GPU-3f0a6c1d-2b8e-4d55-a1c9-7e2f0b9d4c10", "name": "NVIDIA RTX A6000",
+        "memory_total": 49140 * 2**20, "memory_free": 30907 * 2**20, "healthy": True,
+        "health": "", "mig": "",
+    }  # fmt: skip
+
+
+def test_figures_a_card_cannot_give_are_unknown_not_a_fault():
+    # GeForce cards say [N/A] for ECC, retired pages, row remaps and MIG.
+    pcie = topology.parse_gpu_health((FIX / "pcie-4gpu.health.csv").read_text())
+    g = pcie[2]
+    assert (g.ecc_uncorrected, g.retired_pages_pending, g.remapped_rows_pending, g.mig) == (
+        None, None, None, "")  # fmt: skip
+    assert g.problem == "" and g.resource()["healthy"] is True
+    line = "0, GPU-x, H100, 81559, 0, 0, 31, 0, 81559, Pending?, [Unknown Error], [N/A]\n"
+    (odd,) = topology.parse_gpu_health(line)
+    assert odd.problem == "" and odd.retired_pages_pending is None
+
+
+def test_an_older_driver_answering_the_basic_fields_leaves_the_rest_unknown():
+    line = "0, GPU-x, Tesla T4, 15360, 0, 0, 40, 0, 15000\n"
+    (g,) = topology.parse_gpu_health(line, topology.GPU_BASIC_FIELDS)
+    assert g.memory_free == 15000 * 2**20 and g.remapped_rows_pending is None and g.mig == ""
+
+
 def test_gpu_health_turns_not_available_and_not_supported_into_none():
     pcie = topology.parse_gpu_health((FIX / "pcie-4gpu.health.csv").read_text())
     assert pcie[2].ecc_uncorrected is None
@@ -92,9 +137,13 @@ def test_gpu_health_turns_not_available_and_not_supported_into_none():
 @pytest.mark.parametrize(
     "line, says",
     [
-        ("0, GPU-x, H100, 81559, 0, 0, 31\n", "expected 8 fields"),
-        ("0, GPU-x, H100, 81559, 0, lots, 31, 0\n", "utilization.gpu is 'lots'"),
-        ("GPU0, GPU-x, H100, 81559, 0, 0, 31, 0\n", "GPU index is 'GPU0'"),
+        ("0, GPU-x, H100, 81559, 0, 0, 31\n", "expected 12 fields"),
+        (
+            "0, GPU-x, H100, 81559, 0, lots, 31, 0, 1, No, No, Disabled\n",
+            "utilization.gpu is 'lots'",
+        ),
+        ("GPU0, GPU-x, H100, 81559, 0, 0, 31, 0, 1, No, No, Disabled\n", "GPU index is 'GPU0'"),
+        ("0, GPU-x, H100, 81559, 0, 0, 31, 0, lots, No, No, Disabled\n", "memory.free is 'lots'"),
     ],
 )
 def test_gpu_health_that_cannot_be_read_says_why(line, says):
@@ -195,17 +244,6 @@ def test_a_large_box_is_chosen_greedily_and_still_prefers_nvlink():
     choice = choose_gpus(t, gpus[4:], 6)
     assert choice.link == "NV12"
     assert len({g // 8 for g in choice.gpus}) == 1
-
-
-def test_explain_names_the_gpus_and_link_a_group_would_get_on_a_node():
-    report = {"matrix": topo("pcie-4gpu").as_dict()}
-    gib = 1 << 30
-    gpus = [{"index": i, "memory_free": free * gib} for i, free in enumerate([2, 40, 40, 40])]
-    choice = topology.group_on_node(report, gpus, 2, 20 * gib)  # GPU 0 is nearly full
-    assert choice.why == "GPUs 1,2 joined by PXB (pcie)"
-    assert topology.group_on_node(report, gpus, 1, gib) is None  # one GPU: no link
-    assert topology.group_on_node({"matrix": None}, gpus, 2, gib) is None  # no nvidia-smi
-    assert topology.group_on_node(report, gpus, 4, 20 * gib) is None  # three have room
 
 
 def test_a_hybrid_cube_mesh_reads_its_nv1_and_nv2_links_and_gaps():

@@ -100,8 +100,8 @@ class Agent:
         state_dir = Path(cfg.paths.state_dir)
         remove_partial(state_dir)
         self.events: queue.SimpleQueue[tuple[str, dict]] = queue.SimpleQueue()
-        self.resources = Resources(cfg.agent, disk=state_dir)
         self.probe = Probe(cfg.agent)
+        self.resources = Resources(cfg.agent, disk=state_dir, probe=self.probe)
         self.fabric = Tester(cfg.agent, self.name, lambda kind, body: self.events.put((kind, body)))
         self.installer = Installer(
             cfg.agent, state_dir, lambda: bool(self.resources.gpus()), self._on_install

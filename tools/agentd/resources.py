@@ -4,25 +4,18 @@
 `memory_bytes` set, memory available is that figure minus what our shards use, so tests
 and small nodes can pretend to a fixed budget. `agent.gpus` is -1 (detect with
 nvidia-smi) or 0 (report none: keep the cards for something else).
+
+A GPU is reported by UUID with its health (llmgw.topology.GpuHealth.problem): a card with
+uncorrectable ECC errors or a retirement or row remap waiting for a reset is reported,
+and the scheduler places nothing on it.
 """
 
 import os
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
-from llmgw import log
 from llmgw.config import AgentConfig
-
-_log = log.get("llmgw.agentd.resources")
-
-GPU_QUERY = [
-    "--query-gpu=index,name,memory.total,memory.free",
-    "--format=csv,noheader,nounits",
-]
-# nvidia-smi takes a noticeable fraction of a second; free memory need not be fresher.
-GPU_CACHE_S = 10.0
+from llmgw_agentd.topology import Probe
 
 
 def parse_meminfo(text: str) -> tuple[int, int]:
@@ -37,60 +30,18 @@ def parse_meminfo(text: str) -> tuple[int, int]:
     return total, values.get("MemAvailable", values.get("MemFree", 0))
 
 
-def parse_gpus(text: str) -> list[dict]:
-    """GPUs from nvidia-smi's CSV (memory in MiB) as the bus reports them (bytes)."""
-    gpus = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 4 or not cells[0].isdigit():
-            continue
-        try:
-            total, free = int(float(cells[2])), int(float(cells[3]))
-        except ValueError:
-            continue
-        gpus.append({
-            "index": int(cells[0]), "name": cells[1],
-            "memory_total": total * 1024 * 1024, "memory_free": free * 1024 * 1024,
-        })  # fmt: skip
-    return gpus
-
-
 class Resources:
     def __init__(self, cfg: AgentConfig, meminfo: Path = Path("/proc/meminfo"),
-                 disk: Path | None = None):  # fmt: skip
+                 disk: Path | None = None, probe: Probe | None = None):  # fmt: skip
         self.cfg = cfg
         self.meminfo = meminfo
         self.disk = disk  # the state directory: where weights and engines go
-        self._gpus: list[dict] = []
-        self._gpus_at = -GPU_CACHE_S
-        self._gpu_error = ""
+        # GPUs come from the probe's one nvidia-smi query (cached, errors logged there).
+        self.probe = probe or Probe(cfg)
 
     def gpus(self) -> list[dict]:
-        if self.cfg.gpus == 0:
-            return []
-        now = time.monotonic()
-        if now - self._gpus_at < GPU_CACHE_S:
-            return self._gpus
-        self._gpus_at = now
-        binary = shutil.which("nvidia-smi")
-        if not binary:
-            self._gpus = []
-            return self._gpus
-        try:
-            out = subprocess.run(
-                [binary, *GPU_QUERY], capture_output=True, text=True, timeout=5, check=True
-            ).stdout
-            self._gpus = parse_gpus(out)
-            error = ""
-        except (OSError, subprocess.SubprocessError) as e:
-            # A driver that went away must not take the agent with it: report no GPUs.
-            self._gpus = []
-            error = str(e)
-        if error != self._gpu_error:
-            if error:
-                _log.warning("gpu_query_failed", reason=error)
-            self._gpu_error = error
-        return self._gpus
+        """Each GPU by UUID: index, name, memory total and free, health, MIG mode."""
+        return [g.resource() for g in self.probe.health()]
 
     def snapshot(self, shard_rss: int = 0) -> dict:
         """The `resources` body of hello and heartbeat. `shard_rss`: what our shards use."""

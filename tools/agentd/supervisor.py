@@ -78,6 +78,8 @@ class Shard:
     master: str = ""  # a gang's leader: the ADDR:PORT its workers join (workers.Rank)
     tokens: dict | None = None  # the engine's newest token counters (counters.py)
     adapters: list = field(default_factory=list)  # LoRA adapters loaded (adapters.py)
+    # The UUIDs of the GPUs the scheduler assigned it: its engine's CUDA_VISIBLE_DEVICES.
+    gpus: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -88,6 +90,7 @@ class Shard:
             **({"master": self.master} if self.master else {}),
             **({"tokens": self.tokens} if self.tokens else {}),
             **({"adapters": list(self.adapters)} if self.adapters else {}),
+            **({"gpus": list(self.gpus)} if self.gpus else {}),
         }  # fmt: skip
 
     def state_file(self) -> dict:
@@ -96,7 +99,19 @@ class Shard:
             "pid": self.pid, "create_time": self.started, "port": self.port,
             "endpoint": self.endpoint, "health": self.health, "started_at": self.started_at,
             "weights": self.weights, "role": self.role, "master": self.master,
+            "gpus": self.gpus,
         }  # fmt: skip
+
+
+def engine_env(extra: dict, gpus: list[str]) -> dict:
+    """An engine's environment, whatever the engine: ours, its engine's additions, and
+    with GPUs assigned, CUDA_VISIBLE_DEVICES naming them by UUID (never by index: the
+    CUDA runtime may number cards otherwise than nvidia-smi does). Without it, two
+    replicas on a node with several GPUs both loaded onto GPU 0."""
+    env = {**os.environ, **extra}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    return env
 
 
 def probe(url: str) -> bool:
@@ -229,6 +244,7 @@ class Supervisor:
                     engine=f"{req.get('engine', '')}-{req.get('engine_version', '')}",
                     started_at=time.time(),
                     role=str(req.get("role") or ""),
+                    gpus=[str(g) for g in req.get("gpus_assigned") or []],
                 )
                 self.shards[shard_id] = shard
         if running is not None:
@@ -333,7 +349,7 @@ class Supervisor:
                 stdout=fd,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, **env},
+                env=engine_env(env, shard.gpus),
                 cwd=self.dir,
             )
         finally:
@@ -459,6 +475,7 @@ class Supervisor:
                     started_at=float(data.get("started_at", 0)),
                     weights=[str(k) for k in data.get("weights", [])],
                     role=str(data.get("role", "")), master=str(data.get("master") or ""),
+                    gpus=[str(g) for g in data.get("gpus") or []],
                 )  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError) as e:
                 _log.warning("bad_state_file", file=file, reason=e)

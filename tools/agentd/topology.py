@@ -47,6 +47,7 @@ class Probe:
         self.clock = clock
         self._cache: dict[str, tuple[float, object]] = {}
         self._errors: dict[str, str] = {}
+        self._fields = topology.GPU_HEALTH_FIELDS
 
     def _cached(self, what: str, ttl: float, read: Callable[[], object], empty: object):
         now = self.clock()
@@ -83,11 +84,24 @@ class Probe:
         return self._cached("topo", TOPO_CACHE_S, read, None)
 
     def health(self) -> list[topology.GpuHealth]:
+        """Every GPU with its identity, memory and health: the one nvidia-smi query that
+        both `resources.gpus` (placement) and the health report (metrics) come from."""
         if self._gpus_off():
             return []
 
         def read():
-            return topology.parse_gpu_health(self.run(topology.GPU_HEALTH_QUERY))
+            try:
+                out = self.run(topology.gpu_query(self._fields))
+            except subprocess.CalledProcessError:
+                if self._fields == topology.GPU_BASIC_FIELDS:
+                    raise
+                # An older driver refuses a field it does not know, and with it the whole
+                # query: ask for the basic fields from now on, leaving the rest unknown.
+                out = self.run(topology.gpu_query(topology.GPU_BASIC_FIELDS))
+                self._fields = topology.GPU_BASIC_FIELDS
+                _log.warning("gpu_health_fields_unsupported",
+                             fields=",".join(topology.GPU_HEALTH_FIELDS[9:]))  # fmt: skip
+            return topology.parse_gpu_health(out, self._fields)
 
         return self._cached("health", HEALTH_CACHE_S, read, [])
 

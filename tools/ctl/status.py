@@ -310,6 +310,9 @@ def explain_placement(state, model, as_json):
         for n in body["nodes"]:
             if n.get("gpu_link"):
                 click.echo(f"{n['name']}: {n['gpu_link']}")
+            for g in n.get("gpus") or []:
+                if g.get("why_not"):
+                    click.echo(f"{n['name']}: GPU {g['index']} ({g['uuid']}) {g['why_not']}")
     else:
         click.echo("no node has reported to the scheduler")
     if body.get("choice"):

@@ -4,6 +4,7 @@ kept in the store, and the start, stop, install and log requests themselves."""
 import json
 import secrets
 import threading
+from collections.abc import Callable
 
 from llmgw import apikeys, bus, log, mirror
 from llmgw.catalog import Model
@@ -63,7 +64,10 @@ class Intents:
             if now - row.created_at > start_timeout_s:
                 self.done.add(row.id)  # long settled one way or the other
             elif row.id not in inv.replicas:
-                inv.add(Replica(row.id, row.model, row.node, row.profile, ShardState.PENDING, now))
+                # Its GPUs stay booked: the agent may be loading it on them right now.
+                gpus = tuple(g for g in (row.gpus or "").split(",") if g)
+                inv.add(Replica(row.id, row.model, row.node, row.profile, ShardState.PENDING,
+                                now, gpus=gpus))  # fmt: skip
 
 
 class Commands:
@@ -81,18 +85,34 @@ class Commands:
         # Where agents fetch mirrored weights: this scheduler's admin API (empty: none).
         self.mirror_url = ""
         self._mirrored: dict = {}  # replica id -> its MirroredWeights row, until started
+        # (model, node) -> the UUIDs of the GPUs a replica of it would be assigned there
+        # now (() for a CPU model, None if too few can be taken): views.Views.assign_gpus.
+        self.assign: Callable[[Model, str], tuple[str, ...] | None] = lambda m, node: ()
 
     def start(self, m: Model, node: str, now: float, hold: bool = False,
               memory: int = -1) -> str | None:  # fmt: skip
         """Start a replica: the intent goes to the store first, so a leader that takes
         over knows it may be on its way; None if the store would not take it. `hold`: a
         gang's leader, recorded and booked now, started by `start_leader` once its
-        workers are ready."""
+        workers are ready.
+
+        A GPU replica is assigned its GPUs here, from what the node reported and every
+        assignment still held on it; they are written with the intent and booked until
+        the replica has stopped. None if too few GPUs can be taken (placement saw them
+        free: the node's report changed since)."""
+        gpus: tuple[str, ...] = ()
+        if not hold:  # a gang's GPUs are its engine's to share out (not assigned yet)
+            got = self.assign(m, node)
+            if got is None:
+                _log.warning("no_gpus_to_assign", model=m.name, node=node)
+                return None
+            gpus = got
         rid = "r-" + secrets.token_hex(4)
         try:
             epoch = self.outbox.role.epoch
             ReplicaIntent.insert(id=rid, model=m.name, node=node, profile=m.profile_hash(),
-                                 epoch=epoch, created_at=now).execute()  # fmt: skip
+                                 epoch=epoch, created_at=now,
+                                 gpus=",".join(gpus)).execute()  # fmt: skip
             mirrored = MirroredWeights.get_or_none(MirroredWeights.model == m.name)
         except Exception as e:  # the store is down: start nothing we could not record
             _log.warning("intent_not_written", model=m.name, node=node, reason=str(e)[:200])
@@ -101,7 +121,7 @@ class Commands:
         self.intents.ids.add(rid)
         key = apikeys.engine_key(self.cluster_secret, rid)
         self.inv.add(Replica(rid, m.name, node, m.profile_hash(), ShardState.PENDING, now,
-                             key=key, memory=memory))  # fmt: skip
+                             key=key, memory=memory, gpus=gpus))  # fmt: skip
         self._mirrored[rid] = mirrored
         if not hold:
             self.start_leader(m, rid, node)
@@ -139,8 +159,12 @@ class Commands:
             body["rpc"], body["tensor_split"] = list(workers), list(tensor_split)
         if gang:
             body["gang"] = dict(gang)
+        r = self.inv.replicas.get(rid)
+        gpus = list(r.gpus) if r is not None else []
+        if gpus:
+            body["gpus_assigned"] = gpus  # the agent sets CUDA_VISIBLE_DEVICES to them
         _log.info("start_replica", replica=rid, model=m.name, node=node,
-                  workers=len(workers) or None)  # fmt: skip
+                  workers=len(workers) or None, gpus=",".join(gpus) or None)  # fmt: skip
         self.outbox.send(node, MsgType.START_SHARD, body)
 
     def _mirror_body(self, m: Model, mirrored, node: str) -> dict | None:

@@ -6,9 +6,9 @@ the same lock and answered 202 when they take effect on the next pass (a queued 
 is not an error). Each handler is a route's in routes.py.
 """
 
-from llmgw import lease, topology
+from llmgw import lease
 from llmgw.errors import Invalid, NotFound
-from llmgw.placement import place
+from llmgw.placement import gpus_needed, pick_gpus, place
 from llmgw.states import LIVE, LOST, ShardState
 from llmgw_scheduler.errors import AgentSilent
 
@@ -96,6 +96,7 @@ class View:
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
              "idle_s": _round(self.s.idle_s(r, now)),
              **({"adapters": self.s.adapters.serving(r)} if r.adapters else {}),
+             **({"gpus": list(r.gpus)} if r.gpus else {}),
              **({"shards": shards} if (shards := self.s.gangs.shards(r.id)) else {})}
             for r in sorted(self.s.inv.replicas.values() if model is None
                             else self.s.inv.of_model(model), key=lambda r: (r.model, r.since))
@@ -122,21 +123,30 @@ class View:
 
     def placement(self, m) -> dict:
         need = self.s.needs.need(m)
-        p = place(need, self.s.node_views(), explain=True)
-        nodes = self.s.inv.nodes
+        views = {v.id: v for v in self.s.node_views()}
+        p = place(need, list(views.values()), explain=True)
+        k = gpus_needed(need)
 
-        def link(n: str) -> str:
-            # Which GPUs a tensor-parallel group would get there, and the link joining them.
-            choice = topology.group_on_node(nodes[n].topology, nodes[n].gpus, need.gpus,
-                                            need.memory)  # fmt: skip
-            return choice.why if choice else ""
+        def gpus(n: str) -> dict:
+            # Which GPUs a replica would be assigned there and why (for a tensor-parallel
+            # group, the link joining them), and why each GPU that cannot be taken not.
+            v = views[n]
+            if not k or not v.gpus:
+                return {"gpu_link": "", "gpus": []}
+            pick = pick_gpus(v.gpus, k, need.memory, v.topology)
+            return {
+                "gpu_link": pick.why if pick else "",
+                "gpus": [{"index": g.index, "uuid": g.uuid, "free": g.free,
+                          "assigned": bool(pick and g.uuid in pick.uuids),
+                          "why_not": g.why_not} for g in v.gpus],
+            }  # fmt: skip
 
         return {
             "model": m.name,
             "need": {"memory": need.memory, "gpus": need.gpus, "engine": need.engine},
             "choice": p.node, "install": p.install,
             "nodes": [{"name": n, "fits": n not in p.reasons, "reason": p.reasons.get(n, ""),
-                       "gpu_link": link(n)} for n in sorted(nodes)],
+                       **gpus(n)} for n in sorted(views)],
         }  # fmt: skip
 
 

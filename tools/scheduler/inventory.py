@@ -8,6 +8,7 @@ replica the scheduler asked for but no agent reports is known to be missing.
 from dataclasses import dataclass, field
 
 from llmgw.states import ENDED, LIVE, LOST, ShardState
+from llmgw.topology import Topology, TopologyError
 
 
 @dataclass
@@ -29,6 +30,9 @@ class Node:
     # The GPU interconnect matrix, InfiniBand ports, GPU health and fabric address, as
     # the agent reports them (llmgw_agentd.topology.Probe.report); {} from older agents.
     topology: dict = field(default_factory=dict)
+    # Its matrix parsed, for placement's choice of a tensor-parallel group (None: none
+    # reported); parsed again only when the report changes.
+    matrix: Topology | None = None
 
 
 @dataclass
@@ -64,6 +68,9 @@ class Replica:
     # ready scheduler.eviction_min_lifetime_s (eviction.py). One first heard of as ready
     # (adopted, or after a scheduler restart) counts from then.
     ready_at: float = 0.0
+    # The UUIDs of the GPUs it is assigned, from the start decision until it has stopped:
+    # no other replica is placed on them, however free nvidia-smi says they are.
+    gpus: tuple[str, ...] = ()
 
     @property
     def gang(self) -> str:
@@ -112,7 +119,13 @@ class Inventory:
         node.fetching = [f for f in body.get("fetching") or [] if isinstance(f, dict)]
         node.weights = frozenset(str(w) for w in body.get("weights") or [])
         topo = body.get("topology")
-        node.topology = topo if isinstance(topo, dict) else {}
+        topo = topo if isinstance(topo, dict) else {}
+        if topo.get("matrix") != node.topology.get("matrix"):
+            try:
+                node.matrix = Topology.from_dict(topo["matrix"]) if topo.get("matrix") else None
+            except (TopologyError, TypeError, ValueError, AttributeError):
+                node.matrix = None  # placement then takes the fullest GPUs that fit
+        node.topology = topo
         return node
 
     def shards_report(self, node_id: str, shards: list[dict], now: float, grace_s: float):
@@ -173,6 +186,8 @@ class Inventory:
         r.master = str(shard.get("master") or r.master)
         r.rss = int(shard.get("rss") or 0)
         r.reason = shard.get("reason", "") or ""
+        if isinstance(shard.get("gpus"), list):  # older agents say nothing: keep ours
+            r.gpus = tuple(str(g) for g in shard["gpus"])
         adapters = tuple(str(a) for a in shard.get("adapters") or ())
         changed |= adapters != r.adapters
         r.adapters = adapters

@@ -101,6 +101,7 @@ class Scheduler:
             lambda name, node: self.commands.mirror_of(self.catalog.adapters[name], node),
         )  # fmt: skip
         self.views.adapters = self.messages.adapters = self.adapters
+        self.commands.assign = self.views.assign_gpus
         self.started_at = clock()
         # When our last pass as leader ran (None: none since we started or took over):
         # fleet metrics wait for it, as routes do, so they never show a half-heard fleet.

@@ -3,7 +3,7 @@ each model's state and reason, and the routing table. Called under the lock on e
 pass and publish, so each walks only the inventory's indexes, never all of it per item."""
 
 from llmgw import apikeys, log
-from llmgw.placement import NodeView
+from llmgw.placement import Gpu, GpuPick, Need, NodeView, gpus_needed, pick_gpus
 from llmgw.states import LIVE, ModelState, ShardState
 from llmgw_scheduler.demand import Demand
 from llmgw_scheduler.inventory import Inventory, Replica
@@ -61,38 +61,60 @@ class Views:
         self.making_room = making_room  # the Eviction's: model -> (victim, until)
 
     def node_views(self) -> list[NodeView]:
+        return [self.node_view(node) for node in self.inv.nodes.values()]
+
+    def pick_gpus(self, need: Need, node_id: str) -> GpuPick | None:
+        """The GPUs a replica of `need` would be assigned on `node_id` now (None: it needs
+        none, or too few can be taken)."""
+        node = self.inv.nodes.get(node_id)
+        k = gpus_needed(need)
+        if node is None or k == 0:
+            return None
+        view = self.node_view(node)
+        return pick_gpus(view.gpus, k, need.memory, view.topology)
+
+    def assign_gpus(self, m, node_id: str) -> tuple[str, ...] | None:
+        """Commands.assign: the UUIDs a replica of `m` gets on `node_id` (() for a model
+        that needs no GPUs; None if too few can be taken)."""
+        need = self.needs.need(m)
+        if gpus_needed(need) == 0:
+            return ()
+        pick = self.pick_gpus(need, node_id)
+        return pick.uuids if pick is not None else None
+
+    def node_view(self, node) -> NodeView:
         models = self.catalog.models
-        views = []
-        for node in self.inv.nodes.values():
-            # The node's reported free memory already lacks what its replicas use now.
-            # Reserve what they are expected to use on top: all of it for one still
-            # loading, the rest of it for one whose resident size is below the need
-            # (llama.cpp maps weights in as pages are touched).
-            reserved = 0
-            counts: dict[str, int] = {}
-            for r in self.inv.on_node(node.id):
-                if r.state in LIVE:
-                    counts[r.model] = counts.get(r.model, 0) + 1
-                    m = models.get(r.model)
-                    if r.memory >= 0:  # a gang's leader: its workers hold the weights
-                        reserved += max(0, r.memory - r.rss)
-                    elif m is not None:
-                        reserved += max(0, self.needs.need(m).memory - r.rss)
-            for w in self.inv.workers_on(node.id):  # its part of a replica across nodes
-                if w.state in LIVE:
-                    reserved += max(0, w.memory - w.rss)
-            engines = {}
-            for eid, info in node.engines.items():
-                state = info.get("state", "")
-                engines[eid] = f"failed: {info.get('reason', '')}" if state == "failed" else state
-            gpus_free = tuple(int(g.get("memory_free", 0)) for g in node.gpus)
-            views.append(NodeView(
-                id=node.id, lost=node.lost, draining=node.draining,
-                memory_free=max(0, node.memory_available - reserved),
-                gpus_free=gpus_free, engines=engines, replicas=counts,
-                disk_free=node.disk_free, weights=node.weights,
-            ))  # fmt: skip
-        return views
+        # The node's reported free memory already lacks what its replicas use now.
+        # Reserve what they are expected to use on top: all of it for one still
+        # loading, the rest of it for one whose resident size is below the need
+        # (llama.cpp maps weights in as pages are touched).
+        reserved = 0
+        counts: dict[str, int] = {}
+        booked: dict[str, str] = {}  # GPU UUID -> the replica assigned it
+        for r in self.inv.on_node(node.id):
+            for uuid in r.gpus:  # until it is gone, whatever its state
+                booked[uuid] = r.id
+            if r.state in LIVE:
+                counts[r.model] = counts.get(r.model, 0) + 1
+                m = models.get(r.model)
+                if r.memory >= 0:  # a gang's leader: its workers hold the weights
+                    reserved += max(0, r.memory - r.rss)
+                elif m is not None:
+                    reserved += max(0, self.needs.need(m).memory - r.rss)
+        for w in self.inv.workers_on(node.id):  # its part of a replica across nodes
+            if w.state in LIVE:
+                reserved += max(0, w.memory - w.rss)
+        engines = {}
+        for eid, info in node.engines.items():
+            state = info.get("state", "")
+            engines[eid] = f"failed: {info.get('reason', '')}" if state == "failed" else state
+        gpus = tuple(Gpu.from_report(g, booked) for g in node.gpus if isinstance(g, dict))
+        return NodeView(
+            id=node.id, lost=node.lost, draining=node.draining,
+            memory_free=max(0, node.memory_available - reserved),
+            gpus=gpus, engines=engines, replicas=counts,
+            disk_free=node.disk_free, weights=node.weights, topology=node.matrix,
+        )  # fmt: skip
 
     def status_of(self, model: str, lost: set[str] | None = None) -> tuple[str, str]:
         """A model's or an adapter's (state, reason)."""

@@ -442,6 +442,12 @@ def m018_mirrored_revision(db: peewee.Database) -> None:
     run(db, "ALTER TABLE mirrored_weights ADD COLUMN revision VARCHAR(40)")
 
 
+def m019_replica_intent_gpus(db: peewee.Database) -> None:
+    """replica_intents.gpus: the UUIDs of the GPUs a replica was assigned, comma-joined,
+    so a leader that takes over keeps them booked while the agent loads it."""
+    run(db, "ALTER TABLE replica_intents ADD COLUMN gpus TEXT NOT NULL DEFAULT ''")
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -461,6 +467,7 @@ MIGRATIONS = [
     m016_responses_chain,
     m017_usage_cached,
     m018_mirrored_revision,
+    m019_replica_intent_gpus,
 ]
 
 

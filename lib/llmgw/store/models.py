@@ -222,6 +222,7 @@ class ReplicaIntent(BaseModel):
     profile = peewee.CharField(max_length=64)
     epoch = peewee.BigIntegerField()
     created_at = peewee.DoubleField()
+    gpus = peewee.TextField(default="")  # the UUIDs of its GPUs, comma-joined (m019)
 
     class Meta:
         table_name = "replica_intents"

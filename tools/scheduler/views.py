@@ -6,7 +6,7 @@ from llmgw import apikeys, log
 from llmgw.placement import NodeView
 from llmgw.states import LIVE, ModelState, ShardState
 from llmgw_scheduler.demand import Demand
-from llmgw_scheduler.inventory import Inventory, Replica
+from llmgw_scheduler.inventory import Inventory, Replica, accelerators
 from llmgw_scheduler.models import Catalog
 from llmgw_scheduler.needs import Needs
 from llmgw_scheduler.parking import Parking
@@ -90,6 +90,7 @@ class Views:
                 memory_free=max(0, node.memory_available - reserved),
                 gpus_free=gpus_free, engines=engines, replicas=counts,
                 disk_free=node.disk_free, weights=node.weights,
+                accelerators=accelerators(node),
             ))  # fmt: skip
         return views
 

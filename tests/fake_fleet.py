@@ -94,7 +94,10 @@ class Fleet:
 
     def heartbeat(self, node: str, memory: int = 8 * GiB, gpus: list | None = None,
                   kind: str = "heartbeat", disk_free: int = 0,
-                  weights: list | None = None) -> None:  # fmt: skip
+                  weights: list | None = None, engines: dict | None = None,
+                  installable: dict | None = None) -> None:  # fmt: skip
+        if engines is None:
+            engines = {"llama.cpp-0.3.36": {"state": "installed", "reason": ""}}
         body = {
             "resources": {
                 "cpus": 4,
@@ -104,7 +107,8 @@ class Fleet:
                 "disk_total": 1000 * GiB if disk_free else 0,
                 "disk_free": disk_free,
             },  # fmt: skip
-            "engines": {"llama.cpp-0.3.36": {"state": "installed", "reason": ""}},
+            "engines": engines,
+            **({"installable": installable} if installable is not None else {}),
             "shards": list(self.shards.get(node, {}).values()),
             "weights": weights or [],
         }

@@ -12,15 +12,26 @@ import sys
 from pathlib import Path
 
 from llmgw import engines
-from llmgw.engines import ALONE, CHAT, COMPLETIONS, PROVIDED, Command, Engine, Install, Launch
+from llmgw.engines import (
+    ALONE,
+    CHAT,
+    COMPLETIONS,
+    CUDA,
+    PROVIDED,
+    Command,
+    Engine,
+    Host,
+    Install,
+    Launch,
+)
 from llmgw.errors import EngineError
 
 NAME = "third"
 FAKE_ENGINE = Path(__file__).resolve().parent / "fake_engine.py"
 
 
-def install(version: str, gpu: bool) -> Install:
-    return Install(PROVIDED, note="the fake engine beside this module")
+def install(version: str, host: Host) -> Install:
+    return Install(PROVIDED, note="the fake engine beside this module", accelerators=(CUDA,))
 
 
 def command(role: str, engine_dir: Path, launch: Launch) -> Command:
@@ -49,6 +60,7 @@ ENGINE = Engine(
     counters=engines.TokenCounters(prompt=("third:prompt_total",), generated="third:out_total"),
     drain=engines.Drain(settle_s=0.1, poll_s=0.05),
     needs_gpus=True,
+    accelerators=frozenset((CUDA,)),
 )
 
 

@@ -304,6 +304,12 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
             raise bad("profile.gpus", "must not be negative")
         if engine is not None and engine.needs_gpus and p.gpus == 0:
             raise bad("profile.gpus", f"must be at least 1 for the {m.engine} engine")
+        if engine is not None and p.gpus and not engines.uses_gpus(engine.accelerators):
+            # It would book GPUs and compute on the CPU. An engine that has a GPU build
+            # (llama.cpp with CUDA) is taken here; a node whose build is the CPU's is
+            # refused by placement.
+            raise bad("profile.gpus", f"must be 0: the {m.engine} engine cannot use a GPU"
+                      f" (built for {engines.built_for(engine.accelerators)})")  # fmt: skip
         if p.kv_cache_gib < 0:
             raise bad("profile.kv_cache_gib", "must not be negative")
         if p.kv_cache_gib and (engine is None or engine.estimate_config is None):

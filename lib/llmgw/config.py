@@ -229,6 +229,10 @@ class AgentConfig:
     weights_max_bytes: int = 0
     # Finished engine builds are looked for here before building (~/.cache/llmgw/engines).
     engine_cache: str = ""
+    # A failed engine install is tried again after base × 2^(failures before it), at most
+    # max, times 0.5-1.0; retries go on until one succeeds.
+    install_backoff_base_s: float = 30.0
+    install_backoff_max_s: float = 1800.0
     engines: list[EngineConfig] = field(default_factory=list)
     # The network between nodes of one replica (NCCL, `llmgw fabric test`): this
     # node's address and interface on it, and a label naming the fabric it is part of.

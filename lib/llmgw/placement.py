@@ -138,11 +138,33 @@ class NodeView:
     disk_free: int = 0  # bytes free where the agent keeps weights (0: not reported)
     weights: frozenset = frozenset()  # content ids of the weights it has
     topology: Topology | None = None  # its GPU interconnect matrix, if it reported one
+    # What each engine's build on this node can use ("cpu", "cuda"), by engine id for one
+    # it has or is installing, by engine name for what an install would build; absent:
+    # not said (an older agent, a configured command), and nothing is refused for it.
+    accelerators: dict[str, frozenset] = field(default_factory=dict)
 
     @property
     def gpus_free(self) -> tuple[Gpu, ...]:
         """The GPUs a new replica may take."""
         return tuple(g for g in self.gpus if not g.why_not)
+
+
+def accelerators_on(node: NodeView, engine: str) -> frozenset | None:
+    """What engine id `engine`'s build on `node` can use (None: not said)."""
+    got = node.accelerators.get(engine)
+    return got if got is not None else node.accelerators.get(engine.rpartition("-")[0])
+
+
+def no_gpu_build(engine: str, node: NodeView) -> bool:
+    """The node's build of `engine` is known to use no GPU (llama.cpp built without CUDA):
+    a replica given GPUs there would compute on the CPU."""
+    got = accelerators_on(node, engine)
+    return got is not None and not engines.uses_gpus(got)
+
+
+def no_gpu_words(engine: str, node: NodeView) -> str:
+    name = engine.rpartition("-")[0] or engine
+    return f"{name} on this node is built for {engines.built_for(accelerators_on(node, engine))}"
 
 
 def short_of_disk(need: Need, node: NodeView) -> bool:
@@ -229,6 +251,8 @@ def why_not(need: Need, node: NodeView) -> str | None:
         gpus = f"{k} GPU{'s' * (k != 1)}"
         if len(node.gpus) < k:
             return f"needs {gpus}, has {len(node.gpus)}"
+        if no_gpu_build(need.engine, node):
+            return no_gpu_words(need.engine, node)
         free = node.gpus_free
         if len(free) < k:
             return f"needs {gpus}, {len(free)} can be taken ({gpu_words(node.gpus)})"
@@ -281,7 +305,7 @@ class _Index:
         memory, rank, width = fleet.memory, fleet.rank, self.width
         for node in fleet.usable:
             tier = tiers.get(node.engines.get(engine))
-            if tier is None:
+            if tier is None or (k and no_gpu_build(engine, node)):
                 continue
             key = memory[node.id] if k == 0 else fleet.key(node.id, k)
             if key < 0:
@@ -368,7 +392,8 @@ class Fleet:
         # (node, its free memory, its free GPUs) before each booking, so reasons worked out
         # later can see the figures as they were when asked for, without a copy per ask.
         self._log: list[tuple[str, int, list | None]] = []
-        self._fixed: dict[str, dict[str, str]] = {}  # engine -> reasons no booking changes
+        # (engine, GPUs needed) -> reasons no booking changes
+        self._fixed: dict[tuple[str, int], dict[str, str]] = {}
 
     def key(self, node: str, k: int) -> int:
         """Free memory a need of k GPUs would see on `node` (-1: not enough GPUs)."""
@@ -416,18 +441,22 @@ class Fleet:
         # Called for every need that fits nowhere, so it avoids a full why_not per node:
         # the reasons that no booking can change are kept per engine, the others are
         # formatted straight from the booked figures.
-        out = self._fixed.get(need.engine)
+        k = gpus_needed(need)
+        out = self._fixed.get((need.engine, k))
         if out is None:
-            out = self._fixed[need.engine] = {}
+            out = self._fixed[(need.engine, k)] = {}
             for node in self.nodes.values():
                 if node.lost or node.draining or _tier(node.engines.get(need.engine)) is None:
                     out[node.id] = why_not(need, node)
+                elif k and no_gpu_build(need.engine, node):
+                    have = len(node.gpus)
+                    out[node.id] = (f"needs {k} GPU{'s' * (k != 1)}, has {have}" if have < k
+                                    else no_gpu_words(need.engine, node))  # fmt: skip
         out = dict(out)
         if need.disk:
             for node in self.usable:
                 if node.id not in out and short_of_disk(need, node):
                     out[node.id] = disk_words(need, node)
-        k = gpus_needed(need)
         if k == 0:
             want, sizes = size(need.memory), {}
             for node, free in memory.items():

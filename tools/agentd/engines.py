@@ -10,24 +10,44 @@ installed as a VENV is pip-installed into its own virtual environment.
 
 Every version lives in its own directory, <state_dir>/engines/NAME-VERSION/, and is
 moved into place only when finished, so a half-done install never counts as installed.
+A build records what it can use (CPU, CUDA) in ACCELERATORS there, and the agent reports
+it per engine, with what an install of each registered engine here would build
+(`installable`), so the scheduler places no GPU profile on a build that cannot use a GPU.
+An install that fails is retried with backoff (retries.py) until one succeeds.
 """
 
 import fcntl
 import os
+import random
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from llmgw import engines, errors, log
 from llmgw.config import AgentConfig, EngineConfig
-from llmgw.engines import ALONE, BUILD, PROVIDED, VENV, Command, Launch, llamacpp, vllm
+from llmgw.engines import (
+    ALONE,
+    BUILD,
+    CPU,
+    CUDA,
+    PROVIDED,
+    VENV,
+    Command,
+    Host,
+    Launch,
+    llamacpp,
+    vllm,
+)
 from llmgw.files import sha256_of
-from llmgw_agentd.errors import EngineError
+from llmgw_agentd.errors import EngineError, EngineUnfit
+from llmgw_agentd.resources import find_nvcc
+from llmgw_agentd.retries import Pending, Retries
 
 _log = log.get("llmgw.agentd.engines")
 
@@ -35,6 +55,9 @@ INSTALLING, INSTALLED, FAILED = "installing", "installed", "failed"
 STATES = (INSTALLING, INSTALLED, FAILED)
 LLAMA = llamacpp.NAME
 REASON_LINES = 20
+# Where a build records what it can use, one accelerator a line. A build without it is
+# from before builds recorded it, when every one was for the CPU only.
+ACCELERATORS = "ACCELERATORS"
 _PERCENT = re.compile(rb"^\[ *(\d+)%\]")
 # Changes llmgw makes to a llama.cpp version's source before building it, one directory
 # per version (patches/llama.cpp-VERSION/*.patch, `patch -p1` from llama.cpp's root);
@@ -116,7 +139,10 @@ def tail_lines(path: Path, n: int = REASON_LINES, max_bytes: int = 64 * 1024) ->
 
 
 class Installer:
-    """Installs engines in background threads; `notify(engine_id, state, reason)` on change."""
+    """Installs engines in background threads; `notify(engine_id, state, reason)` on change.
+
+    A failed install is tried again when `retry_due()` finds its wait over (the agent's
+    loop calls it); `clock` and `rng` are the retries' (tests pass their own)."""
 
     def __init__(
         self,
@@ -124,11 +150,17 @@ class Installer:
         state_dir: Path,
         has_gpu: Callable[[], bool],
         notify: Callable[[str, str, str], None],
+        nvcc: Callable[[], str] = find_nvcc,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ):
         self.cfg = cfg
         self.root = state_dir / "engines"
         self.has_gpu = has_gpu
+        self.nvcc = nvcc
         self.notify = notify
+        self.clock = clock
+        self._retries = Retries(cfg.install_backoff_base_s, cfg.install_backoff_max_s, rng)
         cache = (
             cfg.engine_cache
             or Path(os.environ.get("LLMGW_CACHE") or Path.home() / ".cache" / "llmgw") / "engines"
@@ -153,10 +185,42 @@ class Installer:
     def _dir(self, name: str, version: str) -> Path:
         return self.root / f"{name}-{version}"
 
-    def plan(self, name: str, version: str) -> engines.Install | None:
+    def host(self) -> Host:
+        """What this node offers an install: its GPUs (as reported) and the CUDA toolkit."""
+        return Host(gpus=self.has_gpu(), nvcc=self.nvcc())
+
+    def plan(self, name: str, version: str, host: Host | None = None) -> engines.Install | None:
         """How a registered engine is installed on this node; None for one not registered."""
         engine = engines.get(name)
-        return engine.install(version, self.has_gpu()) if engine is not None else None
+        if engine is None:
+            return None
+        return engine.install(version, host or self.host())
+
+    def accelerators(self, name: str, version: str) -> list[str] | None:
+        """What the build of NAME-VERSION here can use: the one installed (a BUILD says so
+        in its ACCELERATORS file), or else the one an install would make; None for an
+        engine that is not registered (a configured command: not known)."""
+        plan = self.plan(name, version)
+        if plan is None:
+            return None
+        if plan.method == BUILD and self._installed_on_disk(name, version):
+            try:
+                text = (self._dir(name, version) / ACCELERATORS).read_text()
+            except FileNotFoundError:
+                return [CPU]  # built before builds recorded it: all were for the CPU
+            return text.split()
+        return list(plan.accelerators)
+
+    def installable(self) -> dict:
+        """The `installable` body: per registered engine, what an install of it here (its
+        default version) would be able to use."""
+        host = self.host()
+        out = {}
+        for name in engines.names():
+            engine = engines.get(name)
+            plan = engine.install(engine.default_version, host)
+            out[name] = {"accelerators": list(plan.accelerators)}
+        return out
 
     def _installed_on_disk(self, name: str, version: str) -> bool:
         plan = self.plan(name, version)
@@ -169,19 +233,38 @@ class Installer:
         return self.custom(name, version) is not None or self._installed_on_disk(name, version)
 
     def report(self) -> dict:
-        """The `engines` body: every engine this node has or is installing."""
+        """The `engines` body: every engine this node has, is installing or failed to
+        install, with what its build can use where known and, for a failed install, its
+        failures so far and the seconds until it is tried again."""
         out = {f"{e.name}-{e.version}": {"state": INSTALLED, "reason": ""}
                for e in self.cfg.engines if e.version}  # fmt: skip
         if self.root.is_dir():
             for d in self.root.iterdir():
                 name, _, version = d.name.rpartition("-")
                 if name and self._installed_on_disk(name, version):
-                    out[d.name] = {"state": INSTALLED, "reason": ""}
+                    out[d.name] = {"state": INSTALLED, "reason": "",
+                                   **self._can_use(name, version)}  # fmt: skip
         with self._lock:
-            for engine_id, (state, reason) in self._states.items():
-                if state != INSTALLED:
-                    out[engine_id] = {"state": state, "reason": reason}
+            states = dict(self._states)
+        for engine_id, (state, reason) in states.items():
+            if state != INSTALLED:
+                out[engine_id] = self.entry(engine_id, state, reason)
         return out
+
+    def entry(self, engine_id: str, state: str = "", reason: str = "") -> dict:
+        """One engine's report: its state (the last one set unless given), reason, what
+        its build can use, and its retry."""
+        if not state:
+            with self._lock:
+                state, reason = self._states.get(engine_id, (INSTALLED, ""))
+        name, _, version = engine_id.rpartition("-")
+        with self._lock:
+            retry = self._retries.info(engine_id, self.clock())
+        return {"state": state, "reason": reason, **self._can_use(name, version), **retry}
+
+    def _can_use(self, name: str, version: str) -> dict:
+        got = self.accelerators(name, version) if name else None
+        return {} if got is None else {"accelerators": got}
 
     def states(self) -> dict[str, str]:
         return {k: v["state"] for k, v in self.report().items()}
@@ -202,6 +285,7 @@ class Installer:
     def install_async(self, name: str, version: str) -> None:
         """Start installing in the background unless it is installed or installing."""
         if self.is_installed(name, version):
+            self._clear_retry(f"{name}-{version}")
             self.notify(f"{name}-{version}", INSTALLED, "")
             return
 
@@ -213,37 +297,81 @@ class Installer:
 
         threading.Thread(target=run, name=f"install-{name}-{version}", daemon=True).start()
 
+    def retry_due(self) -> None:
+        """Start again, in the background, every failed install whose wait is over."""
+        with self._lock:
+            due = self._retries.due(self.clock())
+        for p in due:
+            threading.Thread(target=self._retry, args=(p,), daemon=True,
+                             name=f"install-retry-{p.name}-{p.version}").start()  # fmt: skip
+
+    def _retry(self, p: Pending) -> None:
+        engine_id = f"{p.name}-{p.version}"
+        _log.info("install_retry", engine=engine_id, attempt=p.backoff.failures + 1)
+        try:
+            self.ensure(p.name, p.version)
+        except EngineError:
+            pass  # ensure() reported it, and when it is tried next
+        except Exception as e:  # a retry must never stop for good on a surprise
+            self._failed(p.name, p.version, f"{engine_id}: {e}", retry=True)
+
+    def _clear_retry(self, engine_id: str) -> None:
+        """Installed after all (by a retry, or by another way in): no retry is left, and
+        an install that had failed is said to be installed."""
+        with self._lock:
+            had = engine_id in self._retries.pending
+            self._retries.succeeded(engine_id)
+        if had:
+            self._set(engine_id, INSTALLED)
+
+    def _failed(self, name: str, version: str, reason: str, retry: bool) -> None:
+        engine_id = f"{name}-{version}"
+        with self._lock:
+            if retry:
+                self._retries.failed(name, version, self.clock())
+            else:
+                self._retries.succeeded(engine_id)
+        self._set(engine_id, FAILED, reason)
+
     def ensure(self, name: str, version: str) -> None:
         """Install if needed, blocking; raise EngineError with the reason if it fails.
 
         Two shards asking for the same engine share one install: the second waits on
-        the first's lock and then finds it installed.
+        the first's lock and then finds it installed. A failed install is tried again
+        with backoff (retry_due); while it is, it stays "failed", its reason the last
+        failure's.
         """
         engine_id = f"{name}-{version}"
         if self.is_installed(name, version):
+            self._clear_retry(engine_id)
             return
         if not self.known(name, version):
             raise EngineError(f"engine {engine_id} is not known on this node")
         with self._lock:
             lock = self._installs.setdefault(engine_id, threading.Lock())
+            retrying = engine_id in self._retries.pending
         with lock:
             if self._installed_on_disk(name, version):
+                self._clear_retry(engine_id)
                 return
-            self._set(engine_id, INSTALLING)
+            if not retrying:
+                self._set(engine_id, INSTALLING)
             try:
-                engine, plan = engines.get(name), self.plan(name, version)
-                if engine.needs_gpus and not self.has_gpu():
-                    raise EngineError(f"{engine_id} needs a GPU and this node has none")
+                engine, host = engines.get(name), self.host()
+                plan = self.plan(name, version, host)
+                if engine.needs_gpus and not host.gpus:
+                    raise EngineUnfit(f"{engine_id} needs a GPU and this node has none")
                 if plan.method == BUILD:
-                    self._install_llama(version)
+                    self._install_llama(version, plan, host)
                 elif plan.method == VENV:
                     self._install_venv(name, version, plan)
             except EngineError as e:
-                self._set(engine_id, FAILED, str(e))
+                self._failed(name, version, str(e), retry=not isinstance(e, EngineUnfit))
                 raise
             except OSError as e:
-                self._set(engine_id, FAILED, f"{engine_id}: {e}")
+                self._failed(name, version, f"{engine_id}: {e}", retry=True)
                 raise EngineError(f"{engine_id}: {e}") from None
+            self._clear_retry(engine_id)
             self._set(engine_id, INSTALLED)
 
     def _run(self, argv: list[str], log_file: Path, what: str, engine_id: str) -> None:
@@ -263,28 +391,31 @@ class Installer:
         if code != 0:
             raise EngineError(f"{engine_id}: {what} exited {code}:\n{tail_lines(log_file)}")
 
-    def _install_llama(self, version: str) -> None:
+    def _install_llama(self, version: str, plan: engines.Install, host: Host) -> None:
+        """llama.cpp's build, from the cache (plan.cache: the CPU build and a CUDA one are
+        kept apart) or built here, with CUDA where the plan says."""
         engine_id = f"{LLAMA}-{version}"
         target = self._dir(LLAMA, version) / "bin" / "llama-server"
         target.parent.mkdir(parents=True, exist_ok=True)
-        cached = self.cache / engine_id / "bin" / "llama-server"
+        cached = self.cache / (plan.cache or engine_id) / "bin" / "llama-server"
         stamp = patch_stamp(version)
+        can_use = "".join(f"{a}\n" for a in plan.accelerators)
         # A cached build from before a patch (or with another one) is built again.
-        if cached.exists() and stamp_of(self.cache / engine_id) == stamp:
+        if cached.exists() and stamp_of(cached.parent.parent) == stamp:
             _log.info("install_from_cache", engine=engine_id, source=cached)
             rpc = cached.with_name("rpc-server")
             if rpc.exists():  # before llama-server: its presence means installed
                 self._place(rpc, target.with_name("rpc-server"))
-            self._stamp(target.parent.parent, stamp)
+            self._stamp(target.parent.parent, stamp, can_use)
             self._place(cached, target)
             return
         work = self.root / "build" / engine_id
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         log_file = work / "build.log"
-        _log.info(
-            "install_building", engine=engine_id, log=log_file, hint="about 7 minutes on two cores"
-        )
+        with_cuda = CUDA in plan.accelerators
+        _log.info("install_building", engine=engine_id, log=log_file, cuda=with_cuda,
+                  hint="about 7 minutes on two cores")  # fmt: skip
         self._run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
                    ":all:", "-d", str(work), f"llama-cpp-python=={version}"],
                   log_file, "download", engine_id)  # fmt: skip
@@ -298,19 +429,14 @@ class Installer:
         for patch in llama_patches(version):
             self._run(["patch", "-p1", "--batch", "--forward", "-d", str(src), "-i", str(patch)],
                       log_file, f"patch {patch.name}", engine_id)  # fmt: skip
-        # LLAMA_USE_PREBUILT_UI would download the web UI from the internet.
-        self._run(["cmake", "-S", str(src), "-B", str(work / "build"),
-                   "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON",
-                   "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                   "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF",
-                   "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_RPC=ON"],
-                  log_file, "configure", engine_id)  # fmt: skip
+        configure = llamacpp.cmake_configure(src, work / "build", host.nvcc if with_cuda else "")
+        self._run(configure, log_file, "configure", engine_id)
         # llama.cpp's target is ggml-rpc-server; installed, as its docs call it, rpc-server.
         self._run(["cmake", "--build", str(work / "build"), "--target", "llama-server",
                    "ggml-rpc-server", f"-j{os.cpu_count() or 1}"],
                   log_file, "build", engine_id)  # fmt: skip
         self._place(work / "build" / "bin" / "ggml-rpc-server", target.with_name("rpc-server"))
-        self._stamp(target.parent.parent, stamp)
+        self._stamp(target.parent.parent, stamp, can_use)
         self._place(work / "build" / "bin" / "llama-server", target)
         shutil.rmtree(work, ignore_errors=True)
 
@@ -323,7 +449,8 @@ class Installer:
         self.ensure(name, version)
         target = self._dir(name, version) / engine.worker_binary
         if not target.exists():
-            cached = self.cache / f"{name}-{version}" / engine.worker_binary
+            plan = self.plan(name, version)
+            cached = self.cache / (plan.cache or f"{name}-{version}") / engine.worker_binary
             if not cached.exists():
                 raise EngineError(
                     f"{name}-{version} on this node has no {target.name}: build it with"
@@ -334,12 +461,13 @@ class Installer:
         return target
 
     @staticmethod
-    def _stamp(engine_dir: Path, stamp: str) -> None:
-        """Record the patches of the build placed in `engine_dir` (before llama-server:
-        its presence means installed)."""
-        tmp = engine_dir / "PATCHES.tmp"
-        tmp.write_text(stamp)
-        tmp.rename(engine_dir / "PATCHES")
+    def _stamp(engine_dir: Path, stamp: str, can_use: str) -> None:
+        """Record the patches of the build placed in `engine_dir`, and what it can use
+        (before llama-server: its presence means installed)."""
+        for name, text in (("PATCHES", stamp), (ACCELERATORS, can_use)):
+            tmp = engine_dir / f"{name}.tmp"
+            tmp.write_text(text)
+            tmp.rename(engine_dir / name)
 
     @staticmethod
     def _place(source: Path, target: Path) -> None:

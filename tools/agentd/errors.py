@@ -14,3 +14,8 @@ class WeightsError(AgentError):
 
 class EngineError(AgentError, errors.EngineError):
     """An engine cannot be installed, or its command cannot be built."""
+
+
+class EngineUnfit(EngineError):
+    """An engine this node cannot run at all (it needs a GPU and the node has none): no
+    retry of its install would change that."""

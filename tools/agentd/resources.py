@@ -3,7 +3,8 @@
 `agent.cpus` (> 0) and `agent.memory_bytes` (> 0) replace what is detected; with
 `memory_bytes` set, memory available is that figure minus what our shards use, so tests
 and small nodes can pretend to a fixed budget. `agent.gpus` is -1 (detect with
-nvidia-smi) or 0 (report none: keep the cards for something else).
+nvidia-smi) or 0 (report none: keep the cards for something else). The CUDA toolkit
+(`find_nvcc`) decides whether an engine build here can use those GPUs.
 
 A GPU is reported by UUID with its health (llmgw.topology.GpuHealth.problem): a card with
 uncorrectable ECC errors or a retirement or row remap waiting for a reset is reported,
@@ -16,6 +17,27 @@ from pathlib import Path
 
 from llmgw.config import AgentConfig
 from llmgw_agentd.topology import Probe
+
+# Where the CUDA toolkit is when neither CUDA_HOME nor PATH says (NVIDIA's packages).
+CUDA_ROOTS = ("/usr/local/cuda",)
+
+
+def find_nvcc(env=os.environ, which=shutil.which, roots=CUDA_ROOTS) -> str:
+    """The CUDA toolkit's compiler: $CUDA_HOME/bin/nvcc (or $CUDA_PATH's), nvcc on PATH,
+    or under a usual root; "" where the toolkit is absent."""
+    homes = [env.get("CUDA_HOME", ""), env.get("CUDA_PATH", "")]
+    for home in homes:
+        nvcc = Path(home) / "bin" / "nvcc"
+        if home and os.access(nvcc, os.X_OK):
+            return str(nvcc)
+    found = which("nvcc", path=env.get("PATH", ""))
+    if found:
+        return found
+    for root in roots:
+        nvcc = Path(root) / "bin" / "nvcc"
+        if os.access(nvcc, os.X_OK):
+            return str(nvcc)
+    return ""
 
 
 def parse_meminfo(text: str) -> tuple[int, int]:

@@ -373,7 +373,8 @@ def nodes_remove(state, name, as_json, direct, force, wait_s):
 @pass_state
 def nodes_list(state, as_json):
     """Every node as the scheduler sees it now: registered ones that never reported
-    included ("never seen"), with memory, GPUs and replicas."""
+    included ("never seen"), with memory, GPUs, replicas and engines (what each build
+    can use; a failed install with its reason and when the agent retries it)."""
     body = client(state).get("/v1/nodes")
     if as_json:
         print_json(body)

@@ -53,11 +53,24 @@ def disk_text(n: dict) -> str:
     return text
 
 
+def engine_state(info: dict) -> str:
+    """An engine's state on a node as `llmgw nodes` says it: "installed (cpu)", "installing",
+    "failed (retry in 40s)"; the reason is said on a line of its own."""
+    state = info.get("state") or "?"
+    if state == "installed":
+        can_use = info.get("accelerators")
+        return f"installed ({'+'.join(can_use)})" if can_use else state
+    if state == "failed" and info.get("retry_in_s") is not None:
+        wait = float(info["retry_in_s"])
+        return f"failed ({'retrying now' if wait <= 0 else f'retry in {duration(wait)}'})"
+    return state
+
+
 def print_nodes(nodes: list[dict], now: float) -> None:
-    """The NODE shape as aligned columns."""
+    """The NODE shape as aligned columns, then why each failed engine install failed."""
     print_table(
         ["NAME", "STATE", "MEMORY GiB (FREE/TOTAL)", "GPUS", "REPLICAS", "DISK GiB (FREE/TOTAL)",
-         "VERSION", "LAST SEEN"],
+         "VERSION", "LAST SEEN", "ENGINES"],
         [
             [
                 n["name"],
@@ -70,10 +83,19 @@ def print_nodes(nodes: list[dict], now: float) -> None:
                 disk_text(n),
                 n.get("version") or "-",
                 age(n.get("last_seen"), now) + (" ago" if n.get("last_seen") else ""),
+                ", ".join(f"{eid} {engine_state(info)}"
+                          for eid, info in sorted((n.get("engines") or {}).items())) or "-",
             ]
             for n in nodes
         ],
     )  # fmt: skip
+    for n in nodes:
+        for eid, info in sorted((n.get("engines") or {}).items()):
+            if info.get("state") == "failed":
+                # "failed: REASON (retry in 40s)", the reason's last line.
+                why = last_line(info.get("reason", "")) or "no reason given"
+                retry = engine_state(info).removeprefix("failed")
+                click.echo(f"{n['name']}: {eid} failed: {why}{retry}")
 
 
 def print_models(models: list[dict], detail: bool = False) -> None:

@@ -121,13 +121,14 @@ class EngineLoadCollector:
         yield g
 
 
-ENGINE_LOAD = EngineLoadCollector()
-REGISTRY.register(ENGINE_LOAD)
+ENGINE_LOAD = EngineLoadCollector()  # registered by the first Probe: a serving router's
 
 
 class Probe:
     def __init__(self, table: RoutingTable, interval_s: float, on_change=None, clock=time.time):
         self.table = table
+        if ENGINE_LOAD.table is None:
+            REGISTRY.register(ENGINE_LOAD)
         ENGINE_LOAD.table = table
         self.interval_s = interval_s
         self.on_change = on_change or (lambda: None)  # called (from the thread) after a pass

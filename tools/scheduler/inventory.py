@@ -19,7 +19,11 @@ class Node:
     memory_total: int = 0
     memory_available: int = 0
     gpus: list = field(default_factory=list)
-    engines: dict = field(default_factory=dict)  # engine id -> {"state", "reason"}
+    # engine id -> {"state", "reason", "accelerators", and for a failed install that is
+    # retried "attempts" and "retry_in_s"}, as the agent reports them
+    engines: dict = field(default_factory=dict)
+    # engine name -> {"accelerators"}: what an install of it on this node would build
+    installable: dict = field(default_factory=dict)
     lost: bool = False
     draining: bool = False
     version: str = ""  # the llmgw its agent runs
@@ -81,6 +85,17 @@ class Replica:
         self.created = self.created or self.since
 
 
+def accelerators(node: Node) -> dict[str, frozenset]:
+    """What each engine's build on `node` can use, as placement reads it (NodeView):
+    by engine id for those it has, installs or failed to, by name for an install to be."""
+    out = {}
+    for key, info in (*node.installable.items(), *node.engines.items()):
+        got = info.get("accelerators") if isinstance(info, dict) else None
+        if isinstance(got, list):
+            out[key] = frozenset(str(a) for a in got)
+    return out
+
+
 class Inventory:
     """Nodes and replicas, with replicas indexed by node and by model: node views, model
     states and the routing table are built under the lock on every pass and publish, and
@@ -113,6 +128,8 @@ class Inventory:
         node.memory_available = int(res.get("memory_available") or 0)
         node.gpus = list(res.get("gpus") or [])
         node.engines = dict(body.get("engines") or {})
+        installable = body.get("installable")
+        node.installable = dict(installable) if isinstance(installable, dict) else {}
         node.version = str(body.get("version") or "")
         node.disk_total = int(res.get("disk_total") or 0)
         node.disk_free = int(res.get("disk_free") or 0)

@@ -86,7 +86,9 @@ class Messages:
         elif kind == MsgType.INSTALL_STATUS:
             node = self.inv.nodes.get(sender)
             if node is not None:
+                # The whole entry, as a heartbeat's `engines` has it (accelerators, retry).
                 node.engines[body.get("engine", "")] = {
+                    **{k: v for k, v in body.items() if k not in ("node", "engine")},
                     "state": body.get("state", ""),
                     "reason": body.get("reason", ""),
                 }

@@ -6,7 +6,7 @@ from llmgw import apikeys, log
 from llmgw.placement import Gpu, GpuPick, Need, NodeView, gpus_needed, pick_gpus
 from llmgw.states import LIVE, ModelState, ShardState
 from llmgw_scheduler.demand import Demand
-from llmgw_scheduler.inventory import Inventory, Replica
+from llmgw_scheduler.inventory import Inventory, Replica, accelerators
 from llmgw_scheduler.models import Catalog
 from llmgw_scheduler.needs import Needs
 from llmgw_scheduler.parking import Parking
@@ -114,6 +114,7 @@ class Views:
             memory_free=max(0, node.memory_available - reserved),
             gpus=gpus, engines=engines, replicas=counts,
             disk_free=node.disk_free, weights=node.weights, topology=node.matrix,
+            accelerators=accelerators(node),
         )  # fmt: skip
 
     def status_of(self, model: str, lost: set[str] | None = None) -> tuple[str, str]:

@@ -4,13 +4,17 @@ functions, and the registry every tool asks.
 An engine says how it is installed (`Install`), the command that starts it for a shard
 (alone, the leader of a replica across nodes, or one of its workers), where its health
 and its load signal are and how to read that signal (`Load`), how it drains (`Drain`),
-which APIs it serves natively, its token counters (`TokenCounters`), and whether it
-needs GPUs and can span nodes. The agent, the scheduler, the router and the catalog ask
-this interface, never an engine's name: a third engine is one new module here and one
-line in `BUILTIN`, or a `register()` call (tests/third_engine.py).
+which APIs it serves natively, its token counters (`TokenCounters`), whether it needs
+GPUs and can span nodes, and which accelerators (CPU, CUDA) its builds can use — any
+build (`Engine.accelerators`, for the catalog) and the one a node gets
+(`Install.accelerators`, reported by the agent, for placement). The agent, the
+scheduler, the router and the catalog ask this interface, never an engine's name: a
+third engine is one new module here and one line in `BUILTIN`, or a `register()` call
+(tests/third_engine.py).
 
 An engine an agent adds with `[[agent.engines]]` (a command, no module) is not
-registered: it is installed by nobody, needs no GPU, spans no node, and its load signal
+registered: it is installed by nobody, needs no GPU, spans no node, is not known to be
+able to use a GPU or not (nothing is refused for it), and its load signal
 is looked for as every registered engine's in turn (`signal_sources`).
 """
 
@@ -31,6 +35,10 @@ RESPONSES, MESSAGES, RERANK = "responses", "messages", "rerank"
 # with no port of its own either, while its process runs (PROCESS): its gang is up when
 # the leader's health answers, which needs every worker.
 TCP, PROCESS = "tcp", "process"
+# What an engine's build computes on: the CPU, or NVIDIA GPUs through CUDA. Only a build
+# with a GPU accelerator can use the GPUs a profile asks for (profile.gpus).
+CPU, CUDA = "cpu", "cuda"
+GPU_ACCELERATORS = frozenset({CUDA})
 # The engine modules shipped with llmgw, in the order their load signals are tried for
 # an engine that is not registered (llama-server's /slots first, as before).
 BUILTIN = ("llamacpp", "vllm")
@@ -84,6 +92,28 @@ class Command:
 
 
 @dataclass(frozen=True)
+class Host:
+    """What a node offers an install: whether it has GPUs, and the CUDA toolkit's
+    compiler (its path; "": the toolkit is absent)."""
+
+    gpus: bool = False
+    nvcc: str = ""
+
+
+def uses_gpus(accelerators) -> bool:
+    """Whether a build that can use `accelerators` can use a GPU."""
+    return not GPU_ACCELERATORS.isdisjoint(accelerators)
+
+
+def built_for(accelerators) -> str:
+    """`CPU only`, `CPU and CUDA`: what a build can use, as an operator reads it."""
+    names = [a.upper() for a in sorted(accelerators)]
+    if len(names) == 1:
+        return f"{names[0]} only"
+    return " and ".join([", ".join(names[:-1]), names[-1]]) if names else "nothing"
+
+
+@dataclass(frozen=True)
 class Install:
     """How one version of an engine comes to be on a node, as data the agent carries out."""
 
@@ -99,6 +129,9 @@ class Install:
     cache: str = ""
     # Packages pip-uninstalled after the install (they break the import of others).
     remove: tuple[str, ...] = ()
+    # What this install's build can use (CPU, CUDA): the agent reports it per engine, and
+    # placement refuses a GPU profile on a node whose build cannot use a GPU.
+    accelerators: tuple[str, ...] = (CPU,)
 
 
 @dataclass(frozen=True)
@@ -159,7 +192,7 @@ class Adapters:
 class Engine:
     name: str
     default_version: str  # what a model that names no engine_version gets
-    install: Callable[[str, bool], Install]  # (version, node has a GPU) -> Install
+    install: Callable[[str, Host], Install]  # (version, what the node offers) -> Install
     # (role, the engine's directory NAME-VERSION/, launch) -> Command; EngineError for a
     # role it does not take.
     command: Callable[[str, Path, Launch], Command]
@@ -171,6 +204,10 @@ class Engine:
     worker_health: str = TCP
     drain: Drain = Drain()
     needs_gpus: bool = False
+    # What some build of it can use. With no GPU accelerator among them no model on it may
+    # ask for GPUs (the catalog refuses it); one that can have a GPU build may still be
+    # built for the CPU only on a node (its Install.accelerators), which placement refuses.
+    accelerators: frozenset[str] = frozenset({CPU})
     spans_nodes: bool = False  # its replicas may be gangs (leader and workers)
     # Takes profile.tensor_parallel / pipeline_parallel.
     parallelism: bool = False

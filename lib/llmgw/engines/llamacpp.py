@@ -6,6 +6,13 @@ from the source vendored in the pinned `llama-cpp-python` sdist, with llmgw's pa
 (tools/agentd/patches/), the way scripts/build-llama-server does, and takes a finished
 build from its cache (~/.cache/llmgw/engines/llama.cpp-VERSION/) when there is one.
 
+A build uses CUDA (GGML_CUDA) on a node that has GPUs and the CUDA toolkit (nvcc), and
+the CPU alone elsewhere; a CUDA build is cached apart (llama.cpp-VERSION-cuda/), so the
+CPU build that scripts/build-llama-server leaves for tests and CI is never taken for it.
+The CPU build cannot use the GPUs a profile asks for: placement refuses such a profile on
+a node whose llama.cpp is built for the CPU only (the agent reports what each build can
+use). Any llama.cpp *can* use a GPU, so the catalog takes a model with profile.gpus.
+
 Its load signal is `GET /slots`: one entry per slot, busy while it answers a request.
 """
 
@@ -17,6 +24,8 @@ from llmgw.engines import (
     BUILD,
     CHAT,
     COMPLETIONS,
+    CPU,
+    CUDA,
     EMBEDDINGS,
     LEADER,
     MESSAGES,
@@ -25,6 +34,7 @@ from llmgw.engines import (
     WORKER,
     Command,
     Engine,
+    Host,
     Install,
     Launch,
     Load,
@@ -36,14 +46,48 @@ NAME = "llama.cpp"
 VERSION = "0.3.36"  # llama-cpp-python's, whose vendored llama.cpp is built
 
 
-def install(version: str, gpu: bool) -> Install:
-    """A build, CUDA's where the node has the toolkit; llama-server is placed last."""
+def cuda(host: Host) -> bool:
+    """Whether a build on `host` uses CUDA: it needs the toolkit to be built, and GPUs to
+    be of use (a CUDA llama-server does not even start without the driver's libcuda)."""
+    return bool(host.gpus and host.nvcc)
+
+
+def cache_name(version: str, with_cuda: bool) -> str:
+    """The build's directory in the engine cache: the CPU build where
+    scripts/build-llama-server puts it, a CUDA build beside it."""
+    return f"{NAME}-{version}" + ("-cuda" if with_cuda else "")
+
+
+def install(version: str, host: Host) -> Install:
+    """A build, CUDA's where the node has GPUs and the toolkit; llama-server is placed last."""
+    with_cuda = cuda(host)
     return Install(
         BUILD,
         marks=("bin/llama-server",),
         note=f"llama-server and rpc-server built from llama-cpp-python=={version}'s"
-        " vendored llama.cpp, cached under ~/.cache/llmgw/engines",
+        f" vendored llama.cpp{' with CUDA' if with_cuda else ''}, cached under"
+        " ~/.cache/llmgw/engines",
+        cache=cache_name(version, with_cuda),
+        accelerators=(CPU, CUDA) if with_cuda else (CPU,),
     )
+
+
+def cmake_configure(src: str, build: str, nvcc: str = "") -> list[str]:
+    """The cmake command that configures a build of llama.cpp's source `src` in `build`:
+    with CUDA, compiled by `nvcc` (the toolkit's compiler), or for the CPU alone where
+    `nvcc` is "". The agent and scripts/build-llama-server (CPU) both run this one."""
+    # LLAMA_USE_PREBUILT_UI would download the web UI from the internet. GGML_NATIVE off:
+    # a build is cached and may be copied to another machine of the same kind; with CUDA
+    # that also makes llama.cpp compile for its usual set of GPU architectures.
+    argv = [
+        "cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF",
+        "-DGGML_NATIVE=OFF", "-DGGML_RPC=ON",
+    ]  # fmt: skip
+    if nvcc:
+        argv += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}"]
+    return argv
 
 
 def server_command(binary: Path, launch: Launch) -> list[str]:
@@ -56,11 +100,14 @@ def server_command(binary: Path, launch: Launch) -> list[str]:
     # evaluated again (bench/ROUTING-RUNS.md, runs 34-38). gguf.estimate() reserves this
     # memory already; models without sliding windows ignore the flag.
     named = ["--alias", launch.served_name] if launch.served_name else []
+    # GPUs given (a CUDA build; CUDA_VISIBLE_DEVICES names them): every layer on them. A
+    # leader's own -ngl puts its layers on its workers.
+    gpu = ["-ngl", "999"] if launch.gpus and not launch.rpc else []
     return [
         str(binary), "-m", launch.model_path, "--host", launch.host,
         "--port", str(launch.port), "--api-key-file", launch.key_file,
         "-c", str(launch.context * launch.parallel), "-np", str(launch.parallel),
-        "--swa-full", "--metrics", *named,
+        "--swa-full", "--metrics", *named, *gpu,
         *(leader_args(list(launch.rpc), list(launch.tensor_split)) if launch.rpc else ()),
         *launch.args,
     ]  # fmt: skip
@@ -124,6 +171,8 @@ ENGINE = Engine(
         generated="llamacpp:tokens_predicted_total",
     ),
     needs_gpus=False,
+    # CUDA where its node has the toolkit (install); the CPU build cannot use a GPU.
+    accelerators=frozenset((CPU, CUDA)),
     spans_nodes=True,
     prompt_progress=True,
     worker_binary="bin/rpc-server",

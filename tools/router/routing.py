@@ -206,7 +206,9 @@ class RoutingTable:
     def pick(self, model: str, now: float, exclude=(), key: Key | None = None) -> Endpoint | None:
         """The endpoint to try next, or None when every one is excluded or cooling down.
 
-        Ties go round-robin, so light traffic still spreads over every endpoint. With a
+        Least-outstanding counts this router's requests in flight and other routers' as
+        each engine said at its last probe. Ties go round-robin, so light traffic still
+        spreads over every endpoint. With a
         prefix `key`, the choice is the prefix index's; each pick with a key must be
         followed by `served()` with it. Under prefix routing a request with no prompt
         to key on (embeddings) goes to the least outstanding.
@@ -232,13 +234,17 @@ class RoutingTable:
                 if sig is not None and getattr(sig, "ctx", 0):
                     self.prefix.size(ep.id, sig.ctx, model)
             return self.prefix.choose(live, key, self.slots_of, _others(time.time()))
-        best = None
+        # Its own requests in flight on each, and other routers' as the engine said lately
+        # (a second router must not pile onto an engine the first keeps busy).
+        others = _others(time.time())
+        best, least = None, 0
         for i in range(n):
             ep = eps[(self._turn + i) % n]
             if ep.cooldown_until > now or ep in exclude:
                 continue
-            if best is None or ep.outstanding < best.outstanding:
-                best = ep
+            load = ep.outstanding + (others(ep) if ep.signal is not None else 0)
+            if best is None or load < least:
+                best, least = ep, load
         return best
 
     def served(self, ep: Endpoint, key: Key, prompt_tokens: int, cached: int | None,

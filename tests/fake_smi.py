@@ -12,9 +12,9 @@ MiB = 1 << 20
 # Two healthy A100s joined by NVLink (the a100-nvlink-pair matrix), neither in MIG mode.
 A100_PAIR = [
     "0, GPU-6d2f1a9e-c4b3-47d8-a5e0-2f9c8b1d7e36, NVIDIA A100-SXM4-80GB, 81920, 4, 0, 29, 0,"
-    " 81916, No, No, Disabled",
+    " 81916, No, No, Disabled, 61.37",
     "1, GPU-a9e3b7c1-58d2-4f0a-b6c4-e1d07f2a9b58, NVIDIA A100-SXM4-80GB, 81920, 4, 0, 30, 0,"
-    " 81916, No, No, Disabled",
+    " 81916, No, No, Disabled, [N/A]",
 ]
 
 

@@ -185,11 +185,12 @@ def parse_topo_matrix(text: str) -> Topology:
 # One query for what the scheduler places by (identity, free memory, health, MIG) and
 # what the metrics show. The first nine fields are as old as any supported driver; a
 # driver that refuses the rest (remapped rows came with Ampere's drivers) is asked for
-# GPU_BASIC_FIELDS instead, and what it could not say is unknown.
+# GPU_BASIC_FIELDS instead, and what it could not say is unknown (power.draw included:
+# it is only shown, never placed by).
 GPU_HEALTH_FIELDS = (
     "index", "uuid", "name", "memory.total", "memory.used", "utilization.gpu",
     "temperature.gpu", "ecc.errors.uncorrected.volatile.total", "memory.free",
-    "retired_pages.pending", "remapped_rows.pending", "mig.mode.current",
+    "retired_pages.pending", "remapped_rows.pending", "mig.mode.current", "power.draw",
 )  # fmt: skip
 GPU_BASIC_FIELDS = GPU_HEALTH_FIELDS[:9]
 
@@ -219,6 +220,7 @@ class GpuHealth:
     retired_pages_pending: bool | None = None  # a page waits for a reset to be retired
     remapped_rows_pending: bool | None = None  # a row remap waits for a reset
     mig: str = ""  # mig.mode.current: "Enabled", "Disabled", "" (not known / no MIG)
+    power: float | None = None  # watts drawn (power.draw)
 
     @property
     def problem(self) -> str:
@@ -242,6 +244,7 @@ class GpuHealth:
             "ecc_uncorrected": self.ecc_uncorrected, "memory_free": self.memory_free,
             "retired_pages_pending": self.retired_pages_pending,
             "remapped_rows_pending": self.remapped_rows_pending, "mig": self.mig,
+            "power": self.power,
         }  # fmt: skip
 
     def resource(self) -> dict:
@@ -306,6 +309,7 @@ def parse_gpu_health(text: str, fields: tuple[str, ...] = GPU_HEALTH_FIELDS) -> 
             retired_pages_pending=_flag(row.get("retired_pages.pending")),
             remapped_rows_pending=_flag(row.get("remapped_rows.pending")),
             mig="" if mig in _MISSING else mig,
+            power=_number(row.get("power.draw", "[N/A]"), "power.draw", line),
         ))  # fmt: skip
     return out
 

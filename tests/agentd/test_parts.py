@@ -166,7 +166,7 @@ def test_the_agent_and_the_build_script_record_the_same_patches():
 def test_memory_and_gpus_are_read_as_bytes():
     total, available = parse_meminfo("MemTotal: 1000 kB\nMemFree: 10 kB\nMemAvailable: 500 kB\n")
     assert (total, available) == (1024000, 512000)
-    line = "0, GPU-h, NVIDIA H200, 143771, 771, 0, 30, 0, 143000, No, No, Disabled\n"
+    line = "0, GPU-h, NVIDIA H200, 143771, 771, 0, 30, 0, 143000, No, No, Disabled, 70.5\n"
     probe = Probe(AgentConfig(), run=lambda args: line)
     (gpu,) = Resources(AgentConfig(), probe=probe).gpus()
     assert gpu == {"index": 0, "uuid": "GPU-h", "name": "NVIDIA H200",
@@ -181,7 +181,7 @@ def test_gpus_and_their_health_come_from_one_nvidia_smi_query():
         calls.append(args)
         if args[0] == "topo":
             return ""
-        return "0, GPU-h, H200, 143771, 771, 0, 30, 3, 143000, No, No, Disabled\n"
+        return "0, GPU-h, H200, 143771, 771, 0, 30, 3, 143000, No, No, Disabled, 70.5\n"
 
     probe = Probe(AgentConfig(), run=run)
     res = Resources(AgentConfig(memory_bytes=1000), probe=probe)

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from llmgw import topology
 from llmgw.config import AgentConfig
 from llmgw_agentd import metrics
+from llmgw_agentd.resources import Resources
 from llmgw_agentd.topology import Probe, run_nvidia_smi
 from tests import fake_smi as smi
 from tests.agentd.conftest import NODE
@@ -87,7 +88,7 @@ def test_a_failing_or_garbled_driver_reports_none_says_so_once_and_keeps_the_age
     warnings = [r.getMessage() for r in caplog.records if "probe_failed" in r.getMessage()]
     assert len(warnings) == 2, warnings  # one per reading, not one per heartbeat
     assert "nvidia-smi exited 9: NVML: Driver Not Loaded" in warnings[0]
-    assert "expected 12 fields" in warnings[1]
+    assert "expected 13 fields" in warnings[1]
 
 
 def sample(name: str, **labels) -> float | None:
@@ -111,6 +112,36 @@ def test_gpu_health_becomes_gauges_and_a_missing_figure_has_no_sample():
                   link_layer="InfiniBand") == 100e9  # fmt: skip
     metrics.update_topology({"health": [], "infiniband": []})
     assert sample("llmgw_agent_gpu_temperature_celsius", gpu="1", uuid=uuid1) is None
+
+
+def test_each_gpu_shows_its_power_its_health_and_the_replica_assigned_it():
+    cfg = AgentConfig()
+    probe = Probe(cfg, run=fake_smi("h100-sxm-8gpu"), ib_root=Path("/nonexistent"))
+    uuid = [g.uuid for g in probe.health()]
+    shards = [
+        {"id": "r-aa", "model": "llama-70b", "state": "ready", "gpus": [uuid[2], uuid[3]]},
+        {"id": "r-bb", "model": "qwen", "state": "stopped", "gpus": [uuid[4]]},  # let go
+    ]
+    body = {"shards": shards, "engines": {}, "topology": probe.report(),
+            "resources": Resources(cfg, probe=probe).snapshot()}  # fmt: skip
+    metrics.update(body)
+    assert sample("llmgw_agent_gpu_power_watts", gpu="2", uuid=uuid[2]) == 512.44
+    healthy = [sample("llmgw_agent_gpu_healthy", gpu=str(i), uuid=u) for i, u in enumerate(uuid)]
+    assert healthy == [1, 1, 1, 1, 1, 0, 0, 1]  # 5: ECC errors; 6: a row remap pending
+    assigned = {(s.labels["gpu"], s.labels["uuid"], s.labels["model"], s.labels["replica"])
+                for m in REGISTRY.collect() if m.name == "llmgw_agent_gpu_assigned"
+                for s in m.samples if s.value == 1}  # fmt: skip
+    assert assigned == {("2", uuid[2], "llama-70b", "r-aa"), ("3", uuid[3], "llama-70b", "r-aa")}
+
+
+def test_a_gpu_without_a_power_reading_has_no_power_sample():
+    cfg = AgentConfig()
+    probe = Probe(cfg, run=fake_smi("pcie-4gpu"), ib_root=Path("/nonexistent"))
+    metrics.update_topology(probe.report())
+    uuids = [g.uuid for g in probe.health()]
+    assert sample("llmgw_agent_gpu_power_watts", gpu="0", uuid=uuids[0]) == 112.5
+    assert sample("llmgw_agent_gpu_power_watts", gpu="2", uuid=uuids[2]) is None  # [N/A]
+    assert sample("llmgw_agent_gpu_power_watts", gpu="3", uuid=uuids[3]) is None  # [Not Supported]
 
 
 @pytest.fixture

@@ -42,6 +42,8 @@ def test_two_gpu_replicas_get_different_gpus_and_keep_them_across_an_agent_resta
     assert {rid: s["gpus"] for rid, s in shards.items()} == {r: [u] for r, u in seen.items()}
     replicas = {r["id"]: r["gpus"] for r in cluster.admin("/v1/replicas")}
     assert replicas == {r: [u] for r, u in seen.items()}
+    gpus = json.loads(cluster.ctl("nodes", "--gpus", "--json").stdout)
+    assert {g["uuid"]: g["replica"] for g in gpus} == {u: r for r, u in seen.items()}
 
     engines = cluster.engine_pids()
     cluster.agents["gpu-a"].stop(signal.SIGKILL)

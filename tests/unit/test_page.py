@@ -81,8 +81,10 @@ def test_parked_and_unplaceable_models_come_first_with_what_to_do():
 
 def test_nothing_from_operators_or_engines_reaches_the_page_as_html():
     bad = '<img src=x onerror="alert(1)">'
+    gpu = {"index": 0, "name": bad, "memory_total": GiB, "memory_free": 0, "healthy": False,
+           "health": bad, "model": bad, "replica": bad}  # fmt: skip
     page = render(
-        [node(bad, gpus=[{"index": 0, "name": bad, "memory_total": GiB, "memory_free": 0}])],
+        [node(bad, gpus=[gpu])],
         [model(bad, aliases=[bad], engine=bad, state="parked", reason=bad)],
         [replica(id=bad, model=bad, node=bad, state=bad, reason=bad)],
         NOW,
@@ -90,5 +92,30 @@ def test_nothing_from_operators_or_engines_reaches_the_page_as_html():
     assert "<img" not in page and 'onerror="' not in page
     shown = page.count("&lt;img src=x onerror=&quot;alert(1)&quot;&gt;")
     # node and GPU name; the model in the action box (name, retry command, reason) and in
-    # its table (name, alias, engine, reason); the replica's id, model, node, state, reason.
-    assert shown == 14, shown
+    # its table (name, alias, engine, reason); the replica's id, model, node, state, reason;
+    # in the GPU map the node, the GPU's name, its health and the model and replica on it.
+    assert shown == 19, shown
+
+
+def test_the_gpu_map_shows_each_gpu_s_health_and_the_replica_assigned_it():
+    gpus = [
+        {"index": 1, "uuid": "GPU-a9e3b7c1-58d2", "name": "A100", "memory_total": 80 * GiB,
+         "memory_free": 80 * GiB, "healthy": False, "health": "2 uncorrectable ECC errors",
+         "replica": None, "model": None},
+        {"index": 0, "uuid": "GPU-6d2f1a9e-c4b3", "name": "A100", "memory_total": 80 * GiB,
+         "memory_free": 20 * GiB, "healthy": True, "health": "", "replica": "r-7f3a",
+         "model": "llama-70b"},
+    ]  # fmt: skip
+    page = render([node(gpus=gpus), node("cpu-1")], [], [], NOW)
+    gpu_map = page.split("<h2>GPUs</h2>", 1)[1].split("<h2>", 1)[0]
+    rows = gpu_map.split("<tr>")[2:]  # after the head
+    assert len(rows) == 2, "one row per GPU, none for a node without"
+    assert "<td>gpu-1</td><td>0</td>" in rows[0] and "GPU-6d2f1a9e<" in rows[0]
+    assert 'llama-70b <span class="muted">r-7f3a</span>' in rows[0]
+    assert '<span class="state ok">ok</span>' in rows[0]
+    assert '<span class="state bad">unhealthy</span> 2 uncorrectable ECC errors' in rows[1]
+    assert '<span class="muted">none</span>' in rows[1]
+
+
+def test_a_fleet_without_gpus_has_no_gpu_map():
+    assert "<h2>GPUs</h2>" not in render([node()], [], [], NOW)

@@ -112,7 +112,7 @@ def test_figures_a_card_cannot_give_are_unknown_not_a_fault():
     assert (g.ecc_uncorrected, g.retired_pages_pending, g.remapped_rows_pending, g.mig) == (
         None, None, None, "")  # fmt: skip
     assert g.problem == "" and g.resource()["healthy"] is True
-    line = "0, GPU-x, H100, 81559, 0, 0, 31, 0, 81559, Pending?, [Unknown Error], [N/A]\n"
+    line = "0, GPU-x, H100, 81559, 0, 0, 31, 0, 81559, Pending?, [Unknown Error], [N/A], [N/A]\n"
     (odd,) = topology.parse_gpu_health(line)
     assert odd.problem == "" and odd.retired_pages_pending is None
 
@@ -121,6 +121,7 @@ def test_an_older_driver_answering_the_basic_fields_leaves_the_rest_unknown():
     line = "0, GPU-x, Tesla T4, 15360, 0, 0, 40, 0, 15000\n"
     (g,) = topology.parse_gpu_health(line, topology.GPU_BASIC_FIELDS)
     assert g.memory_free == 15000 * 2**20 and g.remapped_rows_pending is None and g.mig == ""
+    assert g.power is None
 
 
 def test_gpu_health_turns_not_available_and_not_supported_into_none():
@@ -132,18 +133,27 @@ def test_gpu_health_turns_not_available_and_not_supported_into_none():
     mig = a100[1]
     assert (mig.memory_used, mig.utilization, mig.ecc_uncorrected) == (None, None, None)
     assert mig.temperature == 30.0
+    assert (a100[0].power, mig.power) == (61.37, None)
+    assert (pcie[0].power, pcie[2].power, pcie[3].power) == (112.5, None, None)
 
 
 @pytest.mark.parametrize(
     "line, says",
     [
-        ("0, GPU-x, H100, 81559, 0, 0, 31\n", "expected 12 fields"),
+        ("0, GPU-x, H100, 81559, 0, 0, 31\n", "expected 13 fields"),
         (
-            "0, GPU-x, H100, 81559, 0, lots, 31, 0, 1, No, No, Disabled\n",
+            "0, GPU-x, H100, 81559, 0, lots, 31, 0, 1, No, No, Disabled, 70.5\n",
             "utilization.gpu is 'lots'",
         ),
-        ("GPU0, GPU-x, H100, 81559, 0, 0, 31, 0, 1, No, No, Disabled\n", "GPU index is 'GPU0'"),
-        ("0, GPU-x, H100, 81559, 0, 0, 31, 0, lots, No, No, Disabled\n", "memory.free is 'lots'"),
+        (
+            "GPU0, GPU-x, H100, 81559, 0, 0, 31, 0, 1, No, No, Disabled, 70.5\n",
+            "GPU index is 'GPU0'",
+        ),
+        (
+            "0, GPU-x, H100, 81559, 0, 0, 31, 0, lots, No, No, Disabled, 70.5\n",
+            "memory.free is 'lots'",
+        ),
+        ("0, GPU-x, H100, 81559, 0, 0, 31, 0, 1, No, No, Disabled, 70 W\n", "power.draw is '70 W'"),
     ],
 )
 def test_gpu_health_that_cannot_be_read_says_why(line, says):

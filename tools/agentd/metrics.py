@@ -36,6 +36,7 @@ def update(body: dict) -> None:
     MEMORY_AVAILABLE.set(body["resources"]["memory_available"])
     MEMORY_TOTAL.set(body["resources"]["memory_total"])
     update_topology(body.get("topology"))
+    update_gpus(body["resources"].get("gpus") or [], body["shards"])
 
 
 # GPU health and fabric ports: what `nvidia-smi --query-gpu` and /sys/class/infiniband say.
@@ -55,6 +56,19 @@ GPU_ECC = Gauge(
     "Uncorrected ECC errors since the driver loaded (volatile)",
     ["gpu", "uuid"],
 )  # fmt: skip
+GPU_POWER = Gauge("llmgw_agent_gpu_power_watts", "Power the GPU draws", ["gpu", "uuid"])
+GPU_HEALTHY = Gauge(
+    "llmgw_agent_gpu_healthy",
+    "1 if the GPU may be given work, 0 if its health says not (uncorrectable ECC errors,"
+    " a page retirement or row remap waiting for a reset)",
+    ["gpu", "uuid"],
+)  # fmt: skip
+# The replica is a label only here: the gauges above keep one series per GPU however
+# often replicas come and go on it.
+GPU_ASSIGNED = Gauge(
+    "llmgw_agent_gpu_assigned", "1 for each GPU and the replica assigned it",
+    ["gpu", "uuid", "model", "replica"],
+)  # fmt: skip
 IB_PORT_UP = Gauge(
     "llmgw_agent_ib_port_active", "1 if the port is ACTIVE with its link up",
     ["device", "port", "link_layer"],
@@ -68,6 +82,7 @@ _GPU_GAUGES = (
     (GPU_MEMORY_USED, "memory_used", 1),
     (GPU_MEMORY_TOTAL, "memory_total", 1),
     (GPU_ECC, "ecc_uncorrected", 1),
+    (GPU_POWER, "power", 1),
 )
 
 
@@ -90,3 +105,22 @@ def update_topology(report: dict | None) -> None:
         IB_PORT_UP.labels(*labels).set(1 if up else 0)
         if port.get("rate_gbps") is not None:
             IB_PORT_RATE.labels(*labels).set(port["rate_gbps"] * 1e9)
+
+
+def update_gpus(gpus: list[dict], shards: list[dict]) -> None:
+    """Set each GPU's health and which replica holds it, from the heartbeat's
+    `resources.gpus` and its shards (a stopped or failed shard holds none)."""
+    GPU_HEALTHY.clear()
+    GPU_ASSIGNED.clear()
+    index = {}
+    for gpu in gpus:
+        index[gpu.get("uuid", "")] = str(gpu.get("index", ""))
+        GPU_HEALTHY.labels(str(gpu.get("index", "")), gpu.get("uuid", "")).set(
+            1 if gpu.get("healthy", True) else 0
+        )
+    for shard in shards:
+        if shard["state"] in (supervisor.STOPPED, supervisor.FAILED):
+            continue
+        for uuid in shard.get("gpus") or ():
+            GPU_ASSIGNED.labels(index.get(uuid, ""), uuid, shard.get("model", ""),
+                                shard["id"]).set(1)  # fmt: skip

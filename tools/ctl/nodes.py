@@ -11,6 +11,7 @@ from llmgw import apikeys, audit, peers
 from llmgw_ctl import onboard
 from llmgw_ctl.api import actor, client
 from llmgw_ctl.common import pass_state, print_json, print_table, when
+from llmgw_ctl.gpus import gpu_rows, print_gpus
 from llmgw_ctl.status import print_nodes
 
 
@@ -155,20 +156,26 @@ def add_options(f):
     return click.argument("name")(f)  # fmt: skip
 
 
+GPUS_HELP = "One row per GPU: its memory, health and the replica assigned it."
+
+
 @click.group("nodes", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--gpus", "gpus", is_flag=True, help=GPUS_HELP)
 @click.pass_context
-def nodes(ctx, as_json):
+def nodes(ctx, as_json, gpus):
     """Nodes: who may join the bus, and what each reports (the default command is `list`).
 
     \b
     Examples:
       llmgw nodes add gpu-01
       llmgw nodes
+      llmgw nodes --gpus
       llmgw nodes list --json | jq -r '.[] | select(.state!="up") | .name'
+      llmgw nodes --gpus --json | jq -r '.[] | select(.replica==null) | .uuid'
     """
     if ctx.invoked_subcommand is None:
-        ctx.invoke(nodes_list, as_json=as_json)
+        ctx.invoke(nodes_list, as_json=as_json, gpus=gpus)
 
 
 @nodes.command("add")
@@ -370,12 +377,21 @@ def nodes_remove(state, name, as_json, direct, force, wait_s):
 
 @nodes.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--gpus", "gpus", is_flag=True, help=GPUS_HELP)
 @pass_state
-def nodes_list(state, as_json):
+def nodes_list(state, as_json, gpus):
     """Every node as the scheduler sees it now: registered ones that never reported
     included ("never seen"), with memory, GPUs, replicas and engines (what each build
-    can use; a failed install with its reason and when the agent retries it)."""
+    can use; a failed install with its reason and when the agent retries it).
+
+    With --gpus, each GPU instead: node, index, UUID, name, memory used of total, health
+    (an unhealthy or MIG-mode card takes no replica) and the replica assigned it, as
+    MODEL/REPLICA. A lost node's GPUs are not shown: what it last reported no longer holds.
+    """
     body = client(state).get("/v1/nodes")
+    if gpus:
+        rows = gpu_rows(body)
+        return print_json(rows) if as_json else print_gpus(rows)
     if as_json:
         print_json(body)
         return

@@ -30,13 +30,25 @@ class View:
             "cpus": n.cpus,
             "memory_total": n.memory_total,
             "memory_available": None if n.lost else n.memory_available,
-            "gpus": [] if n.lost else n.gpus, "engines": n.engines,
+            "gpus": [] if n.lost else self.gpus(n), "engines": n.engines,
             "replicas": len(self.s.inv.on_node(n.id)),
             "last_seen": n.last_seen, "version": n.version or None,
             "disk_total": n.disk_total or None, "disk_free": n.disk_free or None,
             "fetching": [] if n.lost else n.fetching,
             "topology": n.topology,
         }  # fmt: skip
+
+    def gpus(self, n) -> list[dict]:
+        """The node's GPUs as its agent reports them, each with the replica assigned it
+        and that replica's model (None: nothing holds it)."""
+        holder = {uuid: r for r in self.s.inv.on_node(n.id) for uuid in r.gpus}
+        out = []
+        for g in n.gpus:
+            if not isinstance(g, dict):
+                continue
+            r = holder.get(str(g.get("uuid") or g.get("index", "")))
+            out.append({**g, "replica": r.id if r else None, "model": r.model if r else None})
+        return out
 
     def nodes(self) -> list[dict]:
         out = [self.node(n) for n in sorted(self.s.inv.nodes.values(), key=lambda n: n.id)]

@@ -10,6 +10,7 @@ vanishes between a clear and a set.
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from llmgw.placement import gpus_needed
 from llmgw.states import LIVE, LOST, ShardState
 
 BACKUP = Gauge(
@@ -81,6 +82,16 @@ class Fleet:
             "llmgw_node_engine_install", "Engine installs per node",
             labels=["node", "engine", "state"],
         )  # fmt: skip
+        gpus_free = GaugeMetricFamily(
+            "llmgw_node_gpus_free",
+            "GPUs a new replica could be given: healthy, whole (not in MIG mode) and assigned"
+            " to no replica; 0 on a draining node, none for a lost one",
+            labels=["node"],
+        )
+        for v in sorted(s.node_views(), key=lambda v: v.id):
+            if not v.lost:
+                free = 0 if v.draining else sum(1 for g in v.gpus if not g.why_not)
+                gpus_free.add_metric([v.id], free)
         for n in sorted(inv.nodes.values(), key=lambda n: n.id):
             memory.add_metric([n.id], n.memory_total)
             gpus.add_metric([n.id], len(n.gpus))
@@ -152,6 +163,10 @@ class Fleet:
             " (a moving average); eviction weighs it",
             labels=["model"],
         )
+        gpus_need = GaugeMetricFamily(
+            "llmgw_model_gpus_needed", "GPUs each replica of the model takes (0: none)",
+            labels=["model"],
+        )  # fmt: skip
         failures = GaugeMetricFamily(
             "llmgw_model_start_failures",
             "Failed starts in a row (0 after a replica becomes ready)",
@@ -163,15 +178,16 @@ class Fleet:
             parked.add_metric([name], 1 if name in s.parked else 0)
             unplaceable.add_metric([name], 1 if name in s.unplaceable else 0)
             blocked.add_metric([name], 1 if name in s.autoscaler.blocked else 0)
+            gpus_need.add_metric([name], gpus_needed(s.needs.need(m)))
             b = s.backoff.get(name)
             failures.add_metric([name], b.failures if b else 0)
             if m.min == 0:
                 evictions.add_metric([name], s.eviction.evictions.get(name, 0))
             if name in s.coldstarts.seconds:
                 cold_start.add_metric([name], round(s.coldstarts.seconds[name], 1))
-        yield from (nodes_up, nodes_lost, memory, available, gpus, installs, replicas,
-                    ready, desired, parked, unplaceable, blocked, decisions, evictions,
-                    cold_start, failures, idle)  # fmt: skip
+        yield from (nodes_up, nodes_lost, memory, available, gpus, gpus_free, installs,
+                    replicas, ready, desired, parked, unplaceable, blocked, gpus_need,
+                    decisions, evictions, cold_start, failures, idle)  # fmt: skip
 
 
 def watch_fleet(sched, registry=REGISTRY) -> Fleet:

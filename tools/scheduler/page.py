@@ -41,7 +41,8 @@ NEEDS_ACTION = {
 
 # Colour classes for states, so the eye finds what is wrong before reading.
 TONE = {
-    "up": "ok", "serving": "ok", "ready": "ok",
+    "up": "ok", "serving": "ok", "ready": "ok", "ok": "ok", "MIG mode": "idle",
+    "unhealthy": "bad",
     "starting": "busy", "pending": "busy", "stopped": "idle", "never seen": "idle",
     "draining": "warn", "stopping": "warn", "backoff": "warn",
     "lost": "bad", "parked": "bad", "unplaceable": "bad", "failed": "bad",
@@ -101,6 +102,34 @@ def gpu_bars(gpus: list[dict]) -> str:
         used = total - (g.get("memory_free") or 0) if total else 0
         out.append(f'<div class="gpu">{label} {bar(used, total or 0)}</div>')
     return "".join(out)
+
+
+def gpu_health(g: dict) -> str:
+    if g.get("healthy") is False:
+        return state("unhealthy") + f" {e(g.get('health') or '')}"
+    if str(g.get("mig") or "").lower() == "enabled":
+        return state("MIG mode") + ' <span class="muted">not assigned</span>'
+    return state("ok")
+
+
+def gpu_map(nodes: list[dict]) -> list[list[str]]:
+    """Node → GPU → the replica assigned it: one row per GPU of every node not lost."""
+    rows = []
+    for n in nodes:
+        for g in sorted(n.get("gpus") or [], key=lambda g: g.get("index", -1)):
+            total = g.get("memory_total")
+            used = total - (g.get("memory_free") or 0) if total else 0
+            held = (
+                f'{e(g["model"])} <span class="muted">{e(g["replica"])}</span>'
+                if g.get("replica")
+                else '<span class="muted">none</span>'
+            )
+            rows.append([
+                e(n["name"]), e(g.get("index", "?")),
+                f'<span title="{e(g.get("uuid", ""))}">{e((g.get("uuid") or "-")[:12])}</span>',
+                e(g.get("name", "")), bar(used, total or 0), gpu_health(g), held,
+            ])  # fmt: skip
+    return rows
 
 
 def last_line(text: str, limit: int = 160) -> str:
@@ -188,6 +217,12 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
             ["node", "state", "memory used", "GPU memory used", "CPUs", "replicas", "last seen"],
             node_rows,
             "No nodes are registered: llmgw nodes add NAME",
+        )
+        + (
+            "<h2>GPUs</h2>"
+            + table(["node", "GPU", "UUID", "name", "memory used", "health", "replica"], gpus, "")
+            if (gpus := gpu_map(nodes))
+            else ""
         )
         + "<h2>Models</h2>"
         + table(

@@ -92,3 +92,11 @@ def test_nothing_from_operators_or_engines_reaches_the_page_as_html():
     # node and GPU name; the model in the action box (name, retry command, reason) and in
     # its table (name, alias, engine, reason); the replica's id, model, node, state, reason.
     assert shown == 14, shown
+
+
+def test_each_replica_shows_the_profile_it_runs():
+    page = render([node()], [model("m")], [replica(profile="1gpu"), replica(id="r-2")], NOW)
+    replicas = page.split("<h2>Replicas</h2>", 1)[1]
+    assert "<th>profile</th>" in replicas
+    assert "<td>m</td><td>1gpu</td><td>gpu-1</td>" in replicas
+    assert "<td>m</td><td>-</td><td>gpu-1</td>" in replicas, "a replica with none said"

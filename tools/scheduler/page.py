@@ -165,6 +165,7 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
         [
             e(r["id"]),
             e(r["model"]),
+            e(r.get("profile") or "-"),
             e(r["node"]),
             state(r["state"]),
             e(age(r.get("created") or r.get("since"), now)),
@@ -197,7 +198,7 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
         )
         + "<h2>Replicas</h2>"
         + table(
-            ["replica", "model", "node", "state", "age", "memory", "reason"],
+            ["replica", "model", "profile", "node", "state", "age", "memory", "reason"],
             replica_rows,
             "No replicas.",
         )

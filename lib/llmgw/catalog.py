@@ -18,6 +18,32 @@ from llmgw.scaling import Settings
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DEFAULT = "default"  # the name of a model's one `profile`
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One way to run a replica of a model ([models.profile] or one of
+    [[models.profiles]]), checked."""
+
+    name: str
+    context: int
+    parallel: int
+    gpus: int
+    args: tuple[str, ...]
+    memory_bytes: int
+    nodes: int = 1
+    kv_cache_gib: int = 0
+    max_adapters: int = 0
+    pipeline_parallel: int = 0
+    tensor_parallel: int = 0
+
+    def fields(self) -> dict:
+        """Its fields as a Model has them (all but the name)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del out["name"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -56,6 +82,46 @@ class Model:
     # profile.pipeline_parallel / tensor_parallel as set (0: the engine's layout decides).
     pipeline_parallel: int = 0
     tensor_parallel: int = 0
+    # The profile the fields above are (the first of `profiles`, or the one `at` chose),
+    # and every profile of the model in the order they are tried (empty: the fields above,
+    # named "default").
+    profile_name: str = DEFAULT
+    profiles: tuple[Profile, ...] = ()
+
+    def at(self, name: str) -> "Model | None":
+        """The model as a replica that runs profile `name` sees it (None: no such
+        profile); "" is the first."""
+        if not self.profiles:
+            return self if name in ("", self.profile_name) else None
+        for p in self.profiles:
+            if p.name == name or not name:
+                if p.name == self.profile_name:
+                    return self
+                return dataclasses.replace(self, profile_name=p.name, **p.fields())
+        return None
+
+    def options(self) -> tuple["Model", ...]:
+        """The model at each of its profiles, in the order placement tries them."""
+        if not self.profiles:
+            return (self,)
+        return tuple(self.at(p.name) for p in self.profiles)
+
+    def profile_named(self, digest: str) -> str:
+        """The name of the profile whose profile_hash is `digest` ("": none of them): what
+        a replica reported by an agent that does not say its profile's name runs."""
+        for m in self.options():
+            if m.profile_hash() == digest:
+                return m.profile_name
+        return ""
+
+    def definition_hash(self) -> str:
+        """What changes any of its replicas: its profile_hash with one profile (as before
+        profiles had names), else every profile's name and hash, in order."""
+        options = self.options()
+        if len(options) == 1:
+            return self.profile_hash()
+        key = [[m.profile_name, m.profile_hash()] for m in options]
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     @property
     def split(self) -> bool:
@@ -104,6 +170,11 @@ class Model:
             "adapter_of": self.adapter_of or None,
             "pipeline_parallel": self.pipeline_parallel,
             "tensor_parallel": self.tensor_parallel,
+            "profile": self.profile_name,
+            "profiles": [{"name": m.profile_name, "context": m.context,
+                          "parallel": m.parallel, "gpus": m.gpus, "args": list(m.args),
+                          "memory_bytes": m.memory_bytes}
+                         for m in self.options()] if not self.adapter_of else [],
             "fallbacks": list(self.fallbacks),
             "pricing": {"input_per_mtok": self.input_per_mtok,
                         "output_per_mtok": self.output_per_mtok},
@@ -115,25 +186,26 @@ class Model:
                 + completion_tokens * self.output_per_mtok) / 1e6  # fmt: skip
 
 
-def _nodes(m: ModelConfig, engine: engines.Engine | None, bad) -> int:
+def _nodes(m: ModelConfig, p: ProfileConfig, where: str, engine: engines.Engine | None,
+           bad) -> int:  # fmt: skip
     """profile.nodes checked: 1, 2-64 or "auto" (AUTO); only an engine that spans nodes
     may ask for it."""
-    value = m.profile.nodes
+    value = p.nodes
     if value == "auto":
         nodes = AUTO
     elif isinstance(value, int) and 1 <= value <= MAX_NODES:
         nodes = value
     else:
-        raise bad("profile.nodes", f'must be 1-{MAX_NODES} or "auto", not {value!r}')
+        raise bad(f"{where}.nodes", f'must be 1-{MAX_NODES} or "auto", not {value!r}')
     if nodes == 1:
         return nodes
     if engine is None or not engine.spans_nodes:
         spanning = ", ".join(n for n in engines.names() if engines.get(n).spans_nodes)
-        raise bad("profile.nodes", f"must be 1 for {m.engine}: its replicas do not span nodes"
-                  f" yet (docs/multinode.md; engines that do: {spanning})")  # fmt: skip
-    if m.profile.gpus:
-        raise bad("profile.nodes", f"must be 1 with profile.gpus: a {m.engine} replica across"
-                  " nodes runs on CPUs only for now")  # fmt: skip
+        raise bad(f"{where}.nodes", f"must be 1 for {m.engine}: its replicas do not span"
+                  f" nodes yet (docs/multinode.md; engines that do: {spanning})")  # fmt: skip
+    if p.gpus:
+        raise bad(f"{where}.nodes", f"must be 1 with {where}.gpus: a {m.engine} replica"
+                  " across nodes runs on CPUs only for now")  # fmt: skip
     return nodes
 
 
@@ -143,6 +215,9 @@ def _adapter(m: ModelConfig, kind: str, bad) -> None:
     if kind not in ("path", "hf") or (kind == "hf" and hub.parse(m.source).file):
         raise bad("source", "must be a PEFT directory (adapter_config.json and"
                   " adapter_model.safetensors): a path or hf://ORG/REPO[@REVISION]")  # fmt: skip
+    if m.profiles is not None:
+        raise bad("profiles", "must not be set for an adapter: it runs on the replicas of"
+                  f" '{m.adapter_of}'")  # fmt: skip
     if m.profile != ProfileConfig():
         raise bad("profile", "must not be set for an adapter: it runs on the replicas of"
                   f" '{m.adapter_of}' (set profile.max_adapters there)")  # fmt: skip
@@ -190,18 +265,18 @@ def _bind_adapters(out: list["Model"], configs: list[ModelConfig], names: dict) 
     return bound
 
 
-def _layout(p, nodes: int, engine: engines.Engine | None, bad) -> None:
+def _layout(p, where: str, nodes: int, engine: engines.Engine | None, bad) -> None:
     """profile.pipeline_parallel and tensor_parallel against the nodes and GPUs: on one
     node tensor parallel is over its GPUs and there is no pipeline; across nodes the
     engine says what fits (vLLM: pipeline × tensor = every rank)."""
     if nodes == 1:
         if p.tensor_parallel > max(p.gpus, 1):
             raise bad(
-                "profile.tensor_parallel",
-                f"must be at most profile.gpus ({p.gpus}), the GPUs of each node",
+                f"{where}.tensor_parallel",
+                f"must be at most {where}.gpus ({p.gpus}), the GPUs of each node",
             )
         if p.pipeline_parallel > 1:
-            raise bad("profile.pipeline_parallel",
+            raise bad(f"{where}.pipeline_parallel",
                       "must be 0 or 1 on one node: a pipeline's stages are nodes"
                       " (profile.nodes, docs/multinode.md)")  # fmt: skip
         return
@@ -209,13 +284,87 @@ def _layout(p, nodes: int, engine: engines.Engine | None, bad) -> None:
         return
     if nodes == AUTO:
         if p.pipeline_parallel or p.tensor_parallel:
-            raise bad("profile.nodes", '"auto" leaves the number of nodes to placement:'
+            raise bad(f"{where}.nodes", '"auto" leaves the number of nodes to placement:'
                       " give it as a number with pipeline_parallel or tensor_parallel")  # fmt: skip
         return
     try:
         engine.layout(nodes, p.gpus, p.pipeline_parallel, p.tensor_parallel)
     except ValueError as e:
-        raise bad("profile", f"{e} (profile.nodes = {nodes})") from None
+        raise bad(where, f"{e} ({where}.nodes = {nodes})") from None
+
+
+def _profile(m: ModelConfig, p: ProfileConfig, where: str, engine: engines.Engine | None,
+             bad) -> Profile:  # fmt: skip
+    """One profile checked; `where` names it in errors ("profile", "profiles[1]")."""
+    if p.context < 256:
+        raise bad(f"{where}.context", "must be at least 256")
+    if not 1 <= p.parallel <= 256:
+        raise bad(f"{where}.parallel", "must be 1-256")
+    if p.memory_bytes < 0:
+        raise bad(f"{where}.memory_bytes", "must not be negative")
+    if p.gpus < 0:
+        raise bad(f"{where}.gpus", "must not be negative")
+    if engine is not None and engine.needs_gpus and p.gpus == 0:
+        raise bad(f"{where}.gpus", f"must be at least 1 for the {m.engine} engine")
+    if engine is not None and p.gpus and not engines.uses_gpus(engine.accelerators):
+        # It would book GPUs and compute on the CPU. An engine that has a GPU build
+        # (llama.cpp with CUDA) is taken here; a node whose build is the CPU's is
+        # refused by placement.
+        raise bad(f"{where}.gpus", f"must be 0: the {m.engine} engine cannot use a GPU"
+                  f" (built for {engines.built_for(engine.accelerators)})")  # fmt: skip
+    if p.kv_cache_gib < 0:
+        raise bad(f"{where}.kv_cache_gib", "must not be negative")
+    if p.kv_cache_gib and (engine is None or engine.estimate_config is None):
+        raise bad(f"{where}.kv_cache_gib", "applies to the vllm engine only")
+    if p.max_adapters < 0:
+        raise bad(f"{where}.max_adapters", "must not be negative")
+    if p.max_adapters and (engine is None or engine.adapters is None):
+        takes = ", ".join(n for n in engines.names() if engines.get(n).adapters)
+        raise bad(f"{where}.max_adapters", f"applies to engines that load LoRA adapters"
+                  f" at runtime only ({takes}), not {m.engine}")  # fmt: skip
+    nodes = _nodes(m, p, where, engine, bad)
+    for key in ("tensor_parallel", "pipeline_parallel"):
+        value = getattr(p, key)
+        if value < 0:
+            raise bad(f"{where}.{key}", "must not be negative")
+        if value and (engine is None or not engine.parallelism):
+            takes = ", ".join(n for n in engines.names() if engines.get(n).parallelism)
+            raise bad(f"{where}.{key}", f"applies to the {takes} engine only")
+    _layout(p, where, nodes, engine, bad)
+    return Profile(
+        name=p.name or DEFAULT, context=p.context, parallel=p.parallel, gpus=p.gpus,
+        args=tuple(p.args), memory_bytes=p.memory_bytes, nodes=nodes,
+        kv_cache_gib=p.kv_cache_gib, max_adapters=p.max_adapters,
+        pipeline_parallel=p.pipeline_parallel, tensor_parallel=p.tensor_parallel,
+    )  # fmt: skip
+
+
+def _profiles(m: ModelConfig, engine: engines.Engine | None, bad) -> tuple[Profile, ...]:
+    """`profile` (one, named "default") or `[[models.profiles]]` (named, tried in order),
+    each checked; never both."""
+    if m.profiles is None:
+        if m.profile.name:
+            raise bad("profile.name", "must not be set: name profiles in [[models.profiles]]")
+        return (_profile(m, m.profile, "profile", engine, bad),)
+    if m.profile != ProfileConfig():
+        raise bad("profiles", "and profile must not both be given: put the one profile in"
+                  " [[models.profiles]] with a name")  # fmt: skip
+    if not m.profiles:
+        raise bad("profiles", "must not be empty: give one [[models.profiles]] or more")
+    out: list[Profile] = []
+    for i, p in enumerate(m.profiles):
+        where = f"profiles[{i}]"
+        if not _PROFILE.match(p.name):
+            raise bad(f"{where}.name", "must be 1-64 letters, digits or ._- and start"
+                      " alphanumeric")  # fmt: skip
+        if any(o.name == p.name for o in out):
+            raise bad(f"{where}.name", f"{p.name!r} is already the name of another profile")
+        profile = _profile(m, p, where, engine, bad)
+        if profile.nodes != 1 and len(m.profiles) > 1:
+            raise bad(f"{where}.nodes", "must be 1 when a model has several profiles: a"
+                      " replica across nodes takes the model's one profile")  # fmt: skip
+        out.append(profile)
+    return tuple(out)
 
 
 def source_kind(source: str) -> str:
@@ -293,42 +442,7 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
         version = m.engine_version or (engine.default_version if engine else "")
         if not version:
             raise bad("engine_version", "is missing")
-        p = m.profile
-        if p.context < 256:
-            raise bad("profile.context", "must be at least 256")
-        if not 1 <= p.parallel <= 256:
-            raise bad("profile.parallel", "must be 1-256")
-        if p.memory_bytes < 0:
-            raise bad("profile.memory_bytes", "must not be negative")
-        if p.gpus < 0:
-            raise bad("profile.gpus", "must not be negative")
-        if engine is not None and engine.needs_gpus and p.gpus == 0:
-            raise bad("profile.gpus", f"must be at least 1 for the {m.engine} engine")
-        if engine is not None and p.gpus and not engines.uses_gpus(engine.accelerators):
-            # It would book GPUs and compute on the CPU. An engine that has a GPU build
-            # (llama.cpp with CUDA) is taken here; a node whose build is the CPU's is
-            # refused by placement.
-            raise bad("profile.gpus", f"must be 0: the {m.engine} engine cannot use a GPU"
-                      f" (built for {engines.built_for(engine.accelerators)})")  # fmt: skip
-        if p.kv_cache_gib < 0:
-            raise bad("profile.kv_cache_gib", "must not be negative")
-        if p.kv_cache_gib and (engine is None or engine.estimate_config is None):
-            raise bad("profile.kv_cache_gib", "applies to the vllm engine only")
-        if p.max_adapters < 0:
-            raise bad("profile.max_adapters", "must not be negative")
-        if p.max_adapters and (engine is None or engine.adapters is None):
-            takes = ", ".join(n for n in engines.names() if engines.get(n).adapters)
-            raise bad("profile.max_adapters", f"applies to engines that load LoRA adapters"
-                      f" at runtime only ({takes}), not {m.engine}")  # fmt: skip
-        nodes = _nodes(m, engine, bad)
-        for key in ("tensor_parallel", "pipeline_parallel"):
-            value = getattr(p, key)
-            if value < 0:
-                raise bad(f"profile.{key}", "must not be negative")
-            if value and (engine is None or not engine.parallelism):
-                takes = ", ".join(n for n in engines.names() if engines.get(n).parallelism)
-                raise bad(f"profile.{key}", f"applies to the {takes} engine only")
-        _layout(p, nodes, engine, bad)
+        profiles = _profiles(m, engine, bad)
         s = m.scaling
         if s.keep_alive_s < 0:
             raise bad("scaling.keep_alive_s", "must not be negative")
@@ -342,17 +456,16 @@ def load(models: list[ModelConfig], extra_engines: set[str] = frozenset()) -> li
         price = m.pricing
         if price.input_per_mtok < 0 or price.output_per_mtok < 0:
             raise bad("pricing", "prices must not be negative")
+        first = profiles[0]
         out.append(Model(
             name=m.name, aliases=tuple(m.aliases), source=m.source, sha256=m.sha256,
-            engine=m.engine, engine_version=version, context=p.context,
-            parallel=p.parallel, gpus=p.gpus, args=tuple(p.args), memory_bytes=p.memory_bytes,
+            engine=m.engine, engine_version=version, **first.fields(),
+            profile_name=first.name, profiles=profiles if len(profiles) > 1 else (),
             min=s.min, max=s.max, keep_alive_s=s.keep_alive_s,
             fallbacks=tuple(m.fallbacks), input_per_mtok=price.input_per_mtok,
             output_per_mtok=price.output_per_mtok,
             target_queue_wait_s=s.target_queue_wait_s, up_after_s=s.up_after_s,
             down_below=s.down_below, down_after_s=s.down_after_s, cooldown_s=s.cooldown_s,
-            nodes=nodes, kv_cache_gib=p.kv_cache_gib, max_adapters=p.max_adapters,
-            pipeline_parallel=p.pipeline_parallel, tensor_parallel=p.tensor_parallel,
         ))  # fmt: skip
     out = _bind_adapters(out, models, names)
     for model in out:

@@ -10,6 +10,7 @@ Relative paths, secret files included, are relative to the config file's directo
 import dataclasses
 import os
 import tomllib
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -246,6 +247,8 @@ class AgentConfig:
 
 @dataclass
 class ProfileConfig:
+    # [[models.profiles]] only: the profile's name, which each replica records.
+    name: str = ""
     context: int = 4096
     parallel: int = 1
     gpus: int = 0
@@ -334,6 +337,9 @@ class ModelConfig:
     # Empty: the engine's own pinned version (llmgw/engines/: llama.cpp 0.3.36, vllm 0.32.0).
     engine_version: str = ""
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    # Named profiles, tried in order for each replica: the first that fits somewhere is
+    # the one it runs (instead of `profile`; None: not given, `profile` is "default").
+    profiles: list[ProfileConfig] | None = None
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     fallbacks: list[str] = field(default_factory=list)
     pricing: PricingConfig = field(default_factory=PricingConfig)
@@ -424,6 +430,9 @@ def _build(cls, data: dict, where: str, path: Path):
 
 def _value(f, value, name: str, path: Path):
     tp = f.type
+    if isinstance(tp, types.UnionType) and type(None) in tp.__args__:
+        # `X | None`: None is the default (not given), never a value in the file.
+        (tp,) = (t for t in tp.__args__ if t is not type(None))
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, name, path)
     origin = getattr(tp, "__origin__", None)

@@ -23,7 +23,7 @@ nothing fits or when asked.
 
 import dataclasses
 import gc
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -48,6 +48,7 @@ class Need:
     engine: str  # engine id, e.g. "llama.cpp-0.3.36"
     disk: int = 0  # bytes of weights a node must fetch (0: not known)
     weights: str = ""  # their content id: a node that has them needs no disk
+    profile: str = ""  # the model's profile it is the need of ("": its only one)
 
 
 @dataclass(frozen=True)
@@ -515,6 +516,36 @@ def _booked(node: NodeView, memory: dict, gpus: dict) -> NodeView:
     if memory[node.id] == node.memory_free and taken == node.gpus:
         return node
     return dataclasses.replace(node, memory_free=memory[node.id], gpus=taken)
+
+
+def first_fit(fleet: Fleet, needs: Sequence[Need],
+              explain: bool = False) -> tuple[Need, Placement]:  # fmt: skip
+    """One model's profiles (`needs`, in order) tried: the first that fits a node, with its
+    placement. If none does, the first, with each node's reasons for every profile
+    ("tp2: needs 2 GPUs, has 1 | cpu: needs 8 GiB, 4 GiB free")."""
+    tried = []
+    for need in needs:
+        p = fleet.place(need, explain)
+        if p.node is not None:
+            return need, p
+        tried.append((need.profile, p.reasons))
+    if len(tried) == 1:
+        return needs[0], p
+    return needs[0], Placement(None, reasons=Reasons(lambda: profile_reasons(tried)))
+
+
+def profile_reasons(tried: list[tuple[str, Mapping[str, str]]]) -> dict[str, str]:
+    """Per node, why not for each profile in turn; one reason said once when every
+    profile has it ("lost", "draining")."""
+    out: dict[str, str] = {}
+    nodes = dict.fromkeys(n for _, reasons in tried for n in reasons)
+    for node in nodes:
+        whys = [(name, reasons.get(node, "fits")) for name, reasons in tried]
+        if len({why for _, why in whys}) == 1:
+            out[node] = whys[0][1]
+        else:
+            out[node] = " | ".join(f"{name}: {why}" for name, why in whys)
+    return out
 
 
 def place(need: Need, nodes: list[NodeView], explain: bool = False) -> Placement:

@@ -11,6 +11,8 @@ Rules of one pass:
   comes back, the surplus is stopped like any other.
 - Below `min`, and not backing off: at most one start per model per pass, so a model that
   fails at once costs one replica, not `min`. Models with no replica at all go first.
+- A model with several profiles (`Desired.needs`) is given the first, in order, that
+  fits some node (placement.first_fit); `Decisions.profiles` says which.
 - A start on a node without the engine says so (install first). While the engine is
   installing on the chosen node, nothing is returned for the model: the caller starts it
   once the install is done.
@@ -22,7 +24,7 @@ Rules of one pass:
 import random
 from dataclasses import dataclass, field
 
-from llmgw.placement import INSTALLING, Fleet, Need, NodeView, collector_paused
+from llmgw.placement import INSTALLING, Fleet, Need, NodeView, collector_paused, first_fit
 from llmgw.states import ACTIVE, ShardState
 
 PENDING, STARTING, READY = ShardState.PENDING, ShardState.STARTING, ShardState.READY
@@ -34,7 +36,12 @@ class Desired:
     model: str
     min: int
     max: int
-    need: Need
+    need: Need  # its first profile's
+    # Every profile's need, in the order they are tried (empty: `need` alone).
+    needs: tuple[Need, ...] = ()
+
+    def tried(self) -> tuple[Need, ...]:
+        return self.needs or (self.need,)
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class Decisions:
     starts: list[tuple[str, str, bool]] = field(default_factory=list)  # model, node, install
     stops: list[str] = field(default_factory=list)  # replica ids
     unplaceable: dict[str, dict[str, str]] = field(default_factory=dict)  # model -> node -> why
+    # model -> the profile its start runs ("" or absent: its only one)
+    profiles: dict[str, str] = field(default_factory=dict)
 
 
 def _stop_order(r: ReplicaView, draining_nodes: set[str]) -> tuple:
@@ -119,12 +128,14 @@ def reconcile(desired: list[Desired], replicas: list[ReplicaView], nodes: list[N
     short.sort(key=lambda t: (t[0] > 0, t[1]))
     fleet = Fleet(nodes, replicas=per_node)
     for _, _, d in short:
-        p = fleet.place(d.need)
+        need, p = first_fit(fleet, d.tried())
         if p.node is None:
             out.unplaceable[d.model] = p.reasons
             continue
-        if alive[p.node].engines.get(d.need.engine) == INSTALLING:
+        if alive[p.node].engines.get(need.engine) == INSTALLING:
             continue
         out.starts.append((d.model, p.node, p.install))
-        fleet.take(d.need, p.node)
+        if need.profile:
+            out.profiles[d.model] = need.profile
+        fleet.take(need, p.node)
     return out

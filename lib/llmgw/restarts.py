@@ -75,11 +75,14 @@ def _end(steps: Steps, r: Restart, state: str, reason: str, now: float) -> None:
 
 def plan(restarts: list[Restart], replicas: dict[str, ReplicaView], nodes: list[NodeView],
          needs: dict[str, Need], now: float, timeout_s: float,
-         holds: dict[str, int] | None = None, deadline_s: float = 0.0) -> Steps:  # fmt: skip
+         holds: dict[str, int] | None = None, deadline_s: float = 0.0,
+         own: dict[str, Need] | None = None) -> Steps:  # fmt: skip
     """One pass over `restarts` (in queue order). The caller starts the surge
     replacements and sets `replacement` on each. `holds` is the memory each replica
     takes in the node views (default: its model's need). `deadline_s` (0: none) is how
-    long a queued restart may wait without its model's restarts moving."""
+    long a queued restart may wait without its model's restarts moving. `own`: replica
+    id -> its need, for one that runs another of its model's profiles than `needs` has
+    (its replacement runs the same)."""
     steps = Steps()
     moved = _Moved(now)
     ready: dict[str, int] = {}
@@ -140,7 +143,7 @@ def plan(restarts: list[Restart], replicas: dict[str, ReplicaView], nodes: list[
         flight = in_flight.setdefault(r.model, [0, 0])
         if sum(flight) >= max(r.max_surge, r.max_unavailable, 1):
             continue  # its model's earlier restarts go first
-        need = needs.get(r.model)
+        need = (own or {}).get(r.replica) or needs.get(r.model)
         if need is None:
             _end(steps, r, GIVEN_UP, "its model is no longer in the catalog", now)
             continue

@@ -42,6 +42,7 @@ MODEL_KEYS = {
 REPLICA_KEYS = {
     "id",
     "model",
+    "profile",
     "node",
     "state",
     "endpoint",
@@ -53,7 +54,7 @@ REPLICA_KEYS = {
     "stale",
     "idle_s",
 }
-PLACEMENT_KEYS = {"model", "need", "choice", "install", "nodes"}
+PLACEMENT_KEYS = {"model", "profile", "profiles", "need", "choice", "install", "nodes"}
 
 
 def ok(result) -> str:
@@ -120,6 +121,7 @@ def test_json_output_is_the_api_object_with_one_shape_per_object_in_every_comman
     placement = ctl_json(served, "explain-placement", "m")
     assert set(placement) == PLACEMENT_KEYS
     assert set(placement["need"]) == {"memory", "gpus", "engine"}
+    assert (placement["profile"], placement["profiles"]) == ("default", ["default"])
 
 
 def test_explain_placement_says_node_b_is_too_small_with_its_figures_and_chooses_node_a(served):

@@ -133,8 +133,8 @@ def test_the_page_lists_the_nodes_and_the_model_with_its_ready_count(served):
     assert "/ 2 GiB" in nodes["node-a"][2] and "/ 512 MiB" in nodes["node-b"][2]
     ((name, _engine, desired, ready, state, _failures, _reason),) = tables["Models"]
     assert (name, desired, ready, state) == ("m", "1 (1..1)", "1", "serving")
-    ((_id, model, node, state, _age, _rss, _reason),) = tables["Replicas"]
-    assert (model, node, state) == ("m", "node-a", "ready")
+    ((_id, model, profile, node, state, _age, _rss, _reason),) = tables["Replicas"]
+    assert (model, profile, node, state) == ("m", "default", "node-a", "ready")
     assert "Needs action" not in tables
 
 

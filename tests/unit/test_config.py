@@ -99,8 +99,9 @@ def test_the_example_config_loads_and_shows_every_key_with_its_default(tmp_path)
         config.PricingConfig,
     ):
         for f in dataclasses.fields(cls):
-            if f.name not in ("profile", "scaling", "pricing"):
+            if f.name not in ("profile", "profiles", "scaling", "pricing"):
                 assert f"# {f.name} = " in text, f"{cls.__name__}.{f.name} is not shown"
+    assert "# [[models.profiles]]\n" in text
 
 
 def test_a_model_table_loads_with_its_profile_and_scaling(tmp_path):

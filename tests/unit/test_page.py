@@ -119,3 +119,12 @@ def test_the_gpu_map_shows_each_gpu_s_health_and_the_replica_assigned_it():
 
 def test_a_fleet_without_gpus_has_no_gpu_map():
     assert "<h2>GPUs</h2>" not in render([node()], [], [], NOW)
+
+
+
+def test_each_replica_shows_the_profile_it_runs():
+    page = render([node()], [model("m")], [replica(profile="1gpu"), replica(id="r-2")], NOW)
+    replicas = page.split("<h2>Replicas</h2>", 1)[1]
+    assert "<th>profile</th>" in replicas
+    assert "<td>m</td><td>1gpu</td><td>gpu-1</td>" in replicas
+    assert "<td>m</td><td>-</td><td>gpu-1</td>" in replicas, "a replica with none said"

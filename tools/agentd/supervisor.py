@@ -58,6 +58,8 @@ class Shard:
     id: str
     model: str = ""
     profile: str = ""
+    # The name of its model's profile (the scheduler's start_shard says; "": not said).
+    profile_name: str = ""
     engine: str = ""
     state: str = STARTING
     reason: str = ""
@@ -91,6 +93,7 @@ class Shard:
             **({"tokens": self.tokens} if self.tokens else {}),
             **({"adapters": list(self.adapters)} if self.adapters else {}),
             **({"gpus": list(self.gpus)} if self.gpus else {}),
+            **({"profile_name": self.profile_name} if self.profile_name else {}),
         }  # fmt: skip
 
     def state_file(self) -> dict:
@@ -99,7 +102,7 @@ class Shard:
             "pid": self.pid, "create_time": self.started, "port": self.port,
             "endpoint": self.endpoint, "health": self.health, "started_at": self.started_at,
             "weights": self.weights, "role": self.role, "master": self.master,
-            "gpus": self.gpus,
+            "gpus": self.gpus, "profile_name": self.profile_name,
         }  # fmt: skip
 
 
@@ -241,6 +244,7 @@ class Supervisor:
                     id=shard_id,
                     model=str(req.get("model", "")),
                     profile=str(req.get("profile", "")),
+                    profile_name=str(req.get("profile_name") or ""),
                     engine=f"{req.get('engine', '')}-{req.get('engine_version', '')}",
                     started_at=time.time(),
                     role=str(req.get("role") or ""),
@@ -476,6 +480,7 @@ class Supervisor:
                     weights=[str(k) for k in data.get("weights", [])],
                     role=str(data.get("role", "")), master=str(data.get("master") or ""),
                     gpus=[str(g) for g in data.get("gpus") or []],
+                    profile_name=str(data.get("profile_name") or ""),
                 )  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError) as e:
                 _log.warning("bad_state_file", file=file, reason=e)

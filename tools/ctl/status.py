@@ -171,18 +171,21 @@ def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> No
         rows = []
         for r in replicas:
             rows.append([
-                r["id"], r["model"], r["node"], replica_state(r), r.get("endpoint") or "-",
+                r["id"], r["model"], r.get("profile") or "-", r["node"], replica_state(r),
+                r.get("endpoint") or "-",
                 age(r.get("created") or r.get("since"), now), duration(r.get("idle_s")),
                 size(r["rss"]) if r.get("rss") else "-", last_line(r.get("reason") or ""),
             ])  # fmt: skip
             # A replica across nodes: one line per worker, under its leader.
             for w in r.get("shards") or ():
                 rows.append([
-                    f"  {w['id']}", "(worker)", w["node"], w["state"], w.get("endpoint") or "-",
+                    f"  {w['id']}", "(worker)", "", w["node"], w["state"],
+                    w.get("endpoint") or "-",
                     "", "", size(w["memory"]) if w.get("memory") else "-", "",
                 ])  # fmt: skip
         print_table(
-            ["ID", "MODEL", "NODE", "STATE", "ENDPOINT", "AGE", "IDLE", "RSS", "REASON"], rows
+            ["ID", "MODEL", "PROFILE", "NODE", "STATE", "ENDPOINT", "AGE", "IDLE", "RSS", "REASON"],
+            rows,
         )
         return
     print_table(
@@ -285,7 +288,10 @@ def models_list(state, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @pass_state
 def replicas(state, model, as_json):
-    """Replicas: where each runs, its state, endpoint and age.
+    """Replicas: where each runs, the profile it runs, its state, endpoint and age.
+
+    A model with several profiles ([[models.profiles]]) is started with the first that
+    fits some node; PROFILE (`profile` in --json) says which each replica got.
 
     \b
     Examples:
@@ -306,7 +312,9 @@ def replicas(state, model, as_json):
 def explain_placement(state, model, as_json):
     """Which node MODEL would go to, and why not each of the others.
 
-    The scheduler's own placement, run now against what the nodes last reported.
+    The scheduler's own placement, run now against what the nodes last reported. A
+    model with several profiles is shown at the first that fits; if none fits, each
+    node's reason names every profile ("2gpu: needs 2 GPUs, has 1 | cpu: ...").
 
     \b
     Examples:
@@ -319,8 +327,10 @@ def explain_placement(state, model, as_json):
         return
     need = body.get("need") or {}
     gpus = need.get("gpus") or 0
+    profiles = body.get("profiles") or []
+    at = f" (profile {body['profile']}, of {', '.join(profiles)})" if len(profiles) > 1 else ""
     click.echo(
-        f"{body['model']} needs {size(need.get('memory') or 0)}"
+        f"{body['model']}{at} needs {size(need.get('memory') or 0)}"
         f"{f' on {gpus} GPU' + 's' * (gpus != 1) if gpus else ''}"
         f" and engine {need.get('engine', '?')}"
     )

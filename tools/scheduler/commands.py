@@ -67,7 +67,7 @@ class Intents:
                 # Its GPUs stay booked: the agent may be loading it on them right now.
                 gpus = tuple(g for g in (row.gpus or "").split(",") if g)
                 inv.add(Replica(row.id, row.model, row.node, row.profile, ShardState.PENDING,
-                                now, gpus=gpus))  # fmt: skip
+                                now, gpus=gpus, profile_name=row.profile_name or ""))  # fmt: skip
 
 
 class Commands:
@@ -91,7 +91,8 @@ class Commands:
 
     def start(self, m: Model, node: str, now: float, hold: bool = False,
               memory: int = -1) -> str | None:  # fmt: skip
-        """Start a replica: the intent goes to the store first, so a leader that takes
+        """Start a replica of `m` at its profile (Model.at: the one placement chose): the
+        intent goes to the store first, with the profile's name, so a leader that takes
         over knows it may be on its way; None if the store would not take it. `hold`: a
         gang's leader, recorded and booked now, started by `start_leader` once its
         workers are ready.
@@ -111,8 +112,8 @@ class Commands:
         try:
             epoch = self.outbox.role.epoch
             ReplicaIntent.insert(id=rid, model=m.name, node=node, profile=m.profile_hash(),
-                                 epoch=epoch, created_at=now,
-                                 gpus=",".join(gpus)).execute()  # fmt: skip
+                                 epoch=epoch, created_at=now, gpus=",".join(gpus),
+                                 profile_name=m.profile_name).execute()  # fmt: skip
             mirrored = MirroredWeights.get_or_none(MirroredWeights.model == m.name)
         except Exception as e:  # the store is down: start nothing we could not record
             _log.warning("intent_not_written", model=m.name, node=node, reason=str(e)[:200])
@@ -121,7 +122,8 @@ class Commands:
         self.intents.ids.add(rid)
         key = apikeys.engine_key(self.cluster_secret, rid)
         self.inv.add(Replica(rid, m.name, node, m.profile_hash(), ShardState.PENDING, now,
-                             key=key, memory=memory, gpus=gpus))  # fmt: skip
+                             key=key, memory=memory, gpus=gpus,
+                             profile_name=m.profile_name))  # fmt: skip
         self._mirrored[rid] = mirrored
         if not hold:
             self.start_leader(m, rid, node)
@@ -131,7 +133,8 @@ class Commands:
         """What a shard that loads the model is told of it: its source (from the mirror
         where mirrored), engine and profile."""
         body = {
-            "model": m.name, "profile": m.profile_hash(), "engine": m.engine,
+            "model": m.name, "profile": m.profile_hash(), "profile_name": m.profile_name,
+            "engine": m.engine,
             "engine_version": m.engine_version, "source": m.source, "sha256": m.sha256,
             "context": m.context, "parallel": m.parallel, "gpus": m.gpus,
             "args": list(m.args),

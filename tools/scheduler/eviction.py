@@ -112,7 +112,7 @@ class Eviction:
         """The other active on-demand models whose replicas would free enough on some
         node for `name`."""
         models, demand = self.catalog.models, self.demand
-        need = self.needs.need(models[name])
+        needs = self.needs.options(models[name])  # room for any of its profiles will do
         lost = self.inv.lost_nodes()
         views = None
         out = []
@@ -122,13 +122,14 @@ class Eviction:
             live = [r for r in self.inv.of_model(m.name) if r.state in LIVE and r.node not in lost]
             freed: dict[str, int] = {}
             for r in live:
-                freed[r.node] = freed.get(r.node, 0) + self.needs.need(m).memory
+                held = self.needs.need(self.catalog.of_replica(r) or m).memory
+                freed[r.node] = freed.get(r.node, 0) + held
             if not freed:
                 continue
             views = views if views is not None else self.node_views()
             room = [dataclasses.replace(v, memory_free=v.memory_free + freed.get(v.id, 0))
                     for v in views]  # fmt: skip
-            if place(need, room).node is None:
+            if all(place(need, room).node is None for need in needs):
                 continue
             cost = self.coldstarts.of(m.name) * demand.rate(m.name, now)
             out.append(Candidate(m.name, cost, demand.last_active.get(m.name, 0.0),

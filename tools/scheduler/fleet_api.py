@@ -8,9 +8,10 @@ is not an error). Each handler is a route's in routes.py.
 
 from llmgw import lease
 from llmgw.errors import Invalid, NotFound
-from llmgw.placement import gpus_needed, pick_gpus, place
+from llmgw.placement import Fleet, first_fit, gpus_needed, pick_gpus
 from llmgw.states import LIVE, LOST, ShardState
 from llmgw_scheduler.errors import AgentSilent
+from llmgw_scheduler.models import profile_of
 
 # How long `llmgw logs` waits for the agent to answer.
 LOGS_WAIT_S = 5.0
@@ -104,7 +105,7 @@ class View:
         return [
             {"id": r.id, "model": r.model, "node": r.node, "state": self.s.inv.state_of(r, lost),
              "endpoint": r.endpoint, "since": r.since, "created": r.created, "rss": r.rss,
-             "reason": r.reason,
+             "reason": r.reason, "profile": self.profile(r),
              "restart": self.s.restart_state(r.id), "stale": self.stale(r),
              "idle_s": _round(self.s.idle_s(r, now)),
              **({"adapters": self.s.adapters.serving(r)} if r.adapters else {}),
@@ -114,10 +115,19 @@ class View:
                             else self.s.inv.of_model(model), key=lambda r: (r.model, r.since))
         ]  # fmt: skip
 
+    def profile(self, r) -> str | None:
+        """The name of the profile it runs (None: not known, its model or profile gone)."""
+        m = self.s.models.get(r.model)
+        return (profile_of(m, r) or None) if m is not None else (r.profile_name or None)
+
     def stale(self, r) -> bool:
         """Started with a profile (engine, source, args...) that has been edited since."""
         m = self.s.models.get(r.model)
-        return bool(m is not None and r.profile and r.profile != m.profile_hash())
+        if m is None or not r.profile:
+            return False
+        name = profile_of(m, r)
+        now = m.at(name) if name else None  # its profile as the catalog has it now
+        return now is None or r.profile != now.profile_hash()
 
     @staticmethod
     def restart(job) -> dict:
@@ -134,9 +144,9 @@ class View:
         return [self.restart(j) for j in self.s.restarts]
 
     def placement(self, m) -> dict:
-        need = self.s.needs.need(m)
         views = {v.id: v for v in self.s.node_views()}
-        p = place(need, list(views.values()), explain=True)
+        # Its profiles in order: the first that fits, else every profile's reasons.
+        need, p = first_fit(Fleet(list(views.values())), self.s.needs.options(m), explain=True)
         k = gpus_needed(need)
 
         def gpus(n: str) -> dict:
@@ -154,7 +164,8 @@ class View:
             }  # fmt: skip
 
         return {
-            "model": m.name,
+            "model": m.name, "profile": need.profile or m.profile_name,
+            "profiles": [o.profile_name for o in m.options()],
             "need": {"memory": need.memory, "gpus": need.gpus, "engine": need.engine},
             "choice": p.node, "install": p.install,
             "nodes": [{"name": n, "fits": n not in p.reasons, "reason": p.reasons.get(n, ""),

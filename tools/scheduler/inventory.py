@@ -72,6 +72,9 @@ class Replica:
     # ready scheduler.eviction_min_lifetime_s (eviction.py). One first heard of as ready
     # (adopted, or after a scheduler restart) counts from then.
     ready_at: float = 0.0
+    # The name of the model's profile it runs, as its start decision or its agent said
+    # ("": not said, an older agent's: models.profile_of finds it by `profile`, the hash).
+    profile_name: str = ""
     # The UUIDs of the GPUs it is assigned, from the start decision until it has stopped:
     # no other replica is placed on them, however free nvidia-smi says they are.
     gpus: tuple[str, ...] = ()
@@ -184,7 +187,8 @@ class Inventory:
             if state not in LIVE:
                 return False
             # A replica we did not know: the scheduler restarted, or it was adopted.
-            r = Replica(rid, shard.get("model", ""), node_id, shard.get("profile", ""), state, now)
+            r = Replica(rid, shard.get("model", ""), node_id, shard.get("profile", ""), state, now,
+                        profile_name=str(shard.get("profile_name") or ""))  # fmt: skip
             self.add(r)
             changed = True
         else:
@@ -201,6 +205,7 @@ class Inventory:
         r.state = state
         r.endpoint = shard.get("endpoint", r.endpoint) or r.endpoint
         r.master = str(shard.get("master") or r.master)
+        r.profile_name = str(shard.get("profile_name") or r.profile_name)
         r.rss = int(shard.get("rss") or 0)
         r.reason = shard.get("reason", "") or ""
         if isinstance(shard.get("gpus"), list):  # older agents say nothing: keep ours

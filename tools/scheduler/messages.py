@@ -140,7 +140,8 @@ class Messages:
             self.parking.succeeded(model)
             if before is not None and was in STARTING:
                 self._came_up(before, now)
-            m = self.catalog.models.get(model)
+            r = self.inv.replicas.get(shard.get("id"))
+            m = self.catalog.of_replica(r) if r is not None else None
             # A gang's leader holds a part at most (its workers hold the weights): its
             # size is no measure of the model's, and once taught the scheduler that a
             # model bigger than any node fits on one.

@@ -12,6 +12,12 @@ from llmgw.store import ModelScale, RuntimeModel
 _log = log.get("llmgw.scheduler")
 
 
+def profile_of(m: Model, r) -> str:
+    """The name of the profile replica `r` of `m` runs: the one it recorded, else the one
+    whose hash it reported (an agent from before profiles had names); "" if neither."""
+    return r.profile_name or m.profile_named(r.profile)
+
+
 class Catalog:
     def __init__(self, models: list[Model], config_names: set[str] = frozenset(),
                  extra_engines: set[str] = frozenset()):  # fmt: skip
@@ -29,6 +35,15 @@ class Catalog:
         if m is None:
             raise NotFound(f"no model '{name}'", "model_not_found")
         return m
+
+    def of_replica(self, r) -> Model | None:
+        """The model as replica `r` runs it (at its profile); None if the model or that
+        profile is no longer in the catalog."""
+        m = self.models.get(r.model)
+        if m is None:
+            return None
+        name = profile_of(m, r)
+        return m.at(name) if name else None
 
     def entry(self, name: str) -> Model:
         """The model or LoRA adapter `name` (whose weights the mirror keeps), or NotFound."""

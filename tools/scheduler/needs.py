@@ -4,6 +4,10 @@ The estimate is read from the model's GGUF header (weights, KV cache for context
 slots, overhead). Once replicas have run, what they really used (resident memory,
 kept in the store per model and profile) takes over, so a poor estimate corrects
 itself after the first replica instead of over- or under-packing nodes forever.
+
+Each of a model's profiles ([[models.profiles]]) is a need of its own: `need` takes the
+model as a replica of one profile sees it (Model.at), `options` gives every profile's,
+in the order placement tries them. Estimates and measurements are kept per profile hash.
 """
 
 import importlib
@@ -107,13 +111,20 @@ class Needs:
         return total
 
     def need(self, model: Model) -> Need:
+        """What one replica of `model` at its profile (the first, or Model.at's) needs."""
+        # Named only where there is a choice, so a one-profile model's need is as it was.
+        profile = model.profile_name if model.profiles else ""
         if model.memory_bytes:  # the operator said so
-            return Need(
-                model.name, model.memory_bytes, model.gpus, model.engine_id, **self._disk(model)
-            )
+            return Need(model.name, model.memory_bytes, model.gpus, model.engine_id,
+                        **self._disk(model), profile=profile)  # fmt: skip
         measured = self._measured.get((model.name, model.profile_hash()), [])
         memory = gguf.corrected(self.estimate(model), measured)
-        return Need(model.name, memory, model.gpus, model.engine_id, **self._disk(model))
+        return Need(model.name, memory, model.gpus, model.engine_id, **self._disk(model),
+                    profile=profile)  # fmt: skip
+
+    def options(self, model: Model) -> tuple[Need, ...]:
+        """Every profile's need, in the order they are tried."""
+        return tuple(self.need(m) for m in model.options())
 
     def record(self, model: Model, rss: int) -> bool:
         """Remember a ready replica's resident memory; True if it raised the figure."""

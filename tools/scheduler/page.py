@@ -194,6 +194,7 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
         [
             e(r["id"]),
             e(r["model"]),
+            e(r.get("profile") or "-"),
             e(r["node"]),
             state(r["state"]),
             e(age(r.get("created") or r.get("since"), now)),
@@ -232,7 +233,7 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
         )
         + "<h2>Replicas</h2>"
         + table(
-            ["replica", "model", "node", "state", "age", "memory", "reason"],
+            ["replica", "model", "profile", "node", "state", "age", "memory", "reason"],
             replica_rows,
             "No replicas.",
         )

@@ -28,7 +28,7 @@ class Parking:
         """Parked models survive a restart, unless their definition changed meanwhile."""
         for row in ParkedModel.select():
             m = self.catalog.models.get(row.model)
-            if m is not None and m.profile_hash() == row.profile:
+            if m is not None and m.definition_hash() == row.profile:
                 self.parked[row.model] = row
             else:
                 _log.info("model_unparked", model=row.model, why="definition changed")
@@ -69,7 +69,7 @@ class Parking:
 
     def _park(self, m, failures: int, now: float) -> None:
         reason = self.last_error.get(m.name) or "its engine did not become ready"
-        fields = {"profile": m.profile_hash(), "reason": reason, "failures": failures,
+        fields = {"profile": m.definition_hash(), "reason": reason, "failures": failures,
                   "parked_at": now}  # fmt: skip
         (
             ParkedModel.insert(model=m.name, **fields)

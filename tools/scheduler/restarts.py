@@ -100,9 +100,17 @@ class Restarts:
             for r in self.inv.replicas.values()
         }
         needs = {m.name: self.needs.need(m) for m in self.catalog.models.values()}
+        # A replica of another than its model's first profile is replaced by one of its
+        # own profile, and holds what that needs.
+        own = {}
+        for r in self.inv.replicas.values():
+            m = self.catalog.models.get(r.model)
+            if m is not None and m.profiles and (at := self.catalog.of_replica(r)) is not None:
+                if at.profile_name != m.profile_name:
+                    own[r.id] = self.needs.need(at)
         # What node_views() counts each replica as taking: its need, or more if it grew.
         holds = {
-            r.id: max(needs[r.model].memory, r.rss)
+            r.id: max((own.get(r.id) or needs[r.model]).memory, r.rss)
             for r in self.inv.replicas.values()
             if r.model in needs
         }
@@ -116,9 +124,13 @@ class Restarts:
             2 * self.cfg.start_timeout_s,
             holds,
             deadline_s=self.cfg.restart_deadline_s,
+            own=own,
         )
         for job, node in steps.surge:
-            job.replacement = self.commands.start(self.catalog.models[job.model], node, now) or ""
+            old = self.inv.replicas.get(job.replica)
+            m = self.catalog.of_replica(old) if old is not None else None
+            m = m or self.catalog.models[job.model]
+            job.replacement = self.commands.start(m, node, now) or ""
             _log.info("restart_replacing", replica=job.replica, model=job.model,
                       replacement=job.replacement, node=node, how=job.how)  # fmt: skip
         for job in steps.stop_now:

@@ -6,6 +6,7 @@ Decisions are made by the pure reconciler; the parts turn agent messages into it
 scheduler must not start a replica twice.
 """
 
+import dataclasses
 import random
 import threading
 import time
@@ -324,8 +325,9 @@ class Scheduler:
         for model, node, install in decisions.starts:
             if install:
                 self.commands.install(node, models[model])
-            else:
-                self.commands.start(models[model], node, now)
+            else:  # at the profile placement chose (the first where none is named)
+                m = models[model].at(decisions.profiles.get(model, "")) or models[model]
+                self.commands.start(m, node, now)
         for rid in decisions.stops:
             self.commands.stop(rid, now)
         split = {m.name: self.desired_now(m, now) for m in models.values() if m.split}
@@ -349,9 +351,12 @@ class Scheduler:
             self.flags.routes_dirty = True
 
     def _desired(self, m: Model, now: float) -> Desired:
+        needs = self.needs.options(m)  # its profiles', tried in order
         if self.autoscaler.scales(m):
-            return Desired(m.name, self.autoscaler.desired(m), m.max, self.needs.need(m))
-        return self.demand.desired(m, self.needs.need(m), now)
+            d = Desired(m.name, self.autoscaler.desired(m), m.max, needs[0])
+        else:
+            d = self.demand.desired(m, needs[0], now)
+        return dataclasses.replace(d, needs=needs) if len(needs) > 1 else d
 
     def _counted(self, drained) -> dict[str, list]:
         """model -> its replicas that count toward its desired count: pending, starting

@@ -97,6 +97,8 @@ class Views:
             if r.state in LIVE:
                 counts[r.model] = counts.get(r.model, 0) + 1
                 m = models.get(r.model)
+                if m is not None and m.profiles:  # what its own profile needs
+                    m = self.catalog.of_replica(r) or m
                 if r.memory >= 0:  # a gang's leader: its workers hold the weights
                     reserved += max(0, r.memory - r.rss)
                 elif m is not None:

@@ -448,6 +448,12 @@ def m019_replica_intent_gpus(db: peewee.Database) -> None:
     run(db, "ALTER TABLE replica_intents ADD COLUMN gpus TEXT NOT NULL DEFAULT ''")
 
 
+def m020_replica_intent_profile(db: peewee.Database) -> None:
+    """replica_intents.profile_name: the name of the model's profile a replica was started
+    with ([[models.profiles]]), so a leader that takes over knows which it runs."""
+    run(db, "ALTER TABLE replica_intents ADD COLUMN profile_name VARCHAR(64) NOT NULL DEFAULT ''")
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -468,6 +474,7 @@ MIGRATIONS = [
     m017_usage_cached,
     m018_mirrored_revision,
     m019_replica_intent_gpus,
+    m020_replica_intent_profile,
 ]
 
 

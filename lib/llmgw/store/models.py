@@ -223,6 +223,8 @@ class ReplicaIntent(BaseModel):
     epoch = peewee.BigIntegerField()
     created_at = peewee.DoubleField()
     gpus = peewee.TextField(default="")  # the UUIDs of its GPUs, comma-joined (m019)
+    # The name of the model's profile it runs (m020; "": from before profiles had names).
+    profile_name = peewee.CharField(max_length=64, default="")
 
     class Meta:
         table_name = "replica_intents"

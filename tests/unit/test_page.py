@@ -121,7 +121,6 @@ def test_a_fleet_without_gpus_has_no_gpu_map():
     assert "<h2>GPUs</h2>" not in render([node()], [], [], NOW)
 
 
-
 def test_each_replica_shows_the_profile_it_runs():
     page = render([node()], [model("m")], [replica(profile="1gpu"), replica(id="r-2")], NOW)
     replicas = page.split("<h2>Replicas</h2>", 1)[1]

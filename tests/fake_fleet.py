@@ -95,7 +95,9 @@ class Fleet:
     def heartbeat(self, node: str, memory: int = 8 * GiB, gpus: list | None = None,
                   kind: str = "heartbeat", disk_free: int = 0,
                   weights: list | None = None, engines: dict | None = None,
-                  installable: dict | None = None) -> None:  # fmt: skip
+                  installable: dict | None = None,
+                  topology: dict | None = None) -> None:  # fmt: skip
+        """`topology`: the agent's Probe.report() (absent: a node with no nvidia-smi)."""
         if engines is None:
             engines = {"llama.cpp-0.3.36": {"state": "installed", "reason": ""}}
         body = {
@@ -111,6 +113,7 @@ class Fleet:
             **({"installable": installable} if installable is not None else {}),
             "shards": list(self.shards.get(node, {}).values()),
             "weights": weights or [],
+            **({"topology": topology} if topology is not None else {}),
         }
         self._say(node, kind, body)
 

@@ -1,6 +1,7 @@
-"""Two GPU replicas on one node with two GPUs (a fake nvidia-smi), from a real scheduler
-and agent: each engine is started with its own CUDA_VISIBLE_DEVICES, and an agent
-restart adopts both keeping the mapping, which a restarted scheduler learns again."""
+"""Two GPU replicas on one node with two GPUs over PCIe (a fake nvidia-smi serving the
+recorded pcie-2gpu box: two L40S, no NVLink), from a real scheduler and agent: each
+engine is started with its own CUDA_VISIBLE_DEVICES, and an agent restart adopts both
+keeping the mapping, which a restarted scheduler learns again."""
 
 import json
 import signal
@@ -11,7 +12,8 @@ from tests import fake_smi
 from tests.helpers import eventually
 from tests.system.conftest import GiB
 
-UUIDS = {line.split(", ")[1] for line in fake_smi.A100_PAIR}
+BOX = "pcie-2gpu"
+UUIDS = {line.split(", ")[1] for line in fake_smi.recorded(BOX)}
 
 
 def visible_devices(pid: int) -> str | None:
@@ -27,7 +29,7 @@ def test_two_gpu_replicas_get_different_gpus_and_keep_them_across_an_agent_resta
 ):
     cluster.add_model("g", memory=GiB, min_=2, max_=2, profile="gpus = 1\n")
     cluster.start_scheduler()
-    path = fake_smi.write(tmp_path / "bin")
+    path = fake_smi.write(tmp_path / "bin", BOX, fake_smi.RECORDED)
     cluster.start_agent("gpu-a", memory=4 * GiB, env={"PATH": path})
 
     def both_ready():

@@ -99,7 +99,7 @@ def test_uuids_are_read_from_nvidia_smis_csv_lines():
 
 
 def test_an_environ_is_split_on_nuls_and_keeps_equals_signs_in_values():
-    raw = f"PATH=/bin\0CUDA_VISIBLE_DEVICES={UUID}\0OPTS=a=b\0\0".encode()
+    raw = f"PATH=/bin\0CUDA_VISIBLE_DEVICES={UUID}\0OPTS=a=b\0NOEQUALS\0\0".encode()
     env = dc.parse_environ(raw)
     assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": UUID, "OPTS": "a=b"}
 
@@ -111,7 +111,7 @@ def test_a_cmdline_is_its_nul_terminated_arguments():
 
 
 def test_the_process_group_is_read_past_a_name_with_spaces_and_parentheses():
-    stat = "4242 (VLLM::Engine (core)) S 1 4200 4200 0 -1 4194560 0"
+    stat = "4242 (VLLM::E) 7 (core)) S 1 4200 4200 0 -1 4194560 0"
     assert dc.process_group(stat) == 4200
 
 

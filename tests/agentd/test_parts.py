@@ -27,7 +27,7 @@ from llmgw_agentd.engines import (
 )
 from llmgw_agentd.errors import EngineError, WeightsError
 from llmgw_agentd.resources import Resources, parse_meminfo
-from llmgw_agentd.supervisor import engine_env
+from llmgw_agentd.shards import engine_env
 from llmgw_agentd.topology import Probe
 from llmgw_agentd.weights import Weights
 from tests.helpers import eventually

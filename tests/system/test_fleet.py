@@ -217,17 +217,23 @@ def test_an_on_demand_model_starts_when_asked_for_and_stops_when_idle(cluster, a
     assert cluster.engine_pids() == set()
 
 
-def test_a_wanted_on_demand_model_evicts_the_least_recently_used_one(cluster, api_key):
+def two_models_room_for_one(cluster, api_key, min_lifetime_s: float) -> None:
+    """On-demand models "first" and "second" and one node with room for one of them at a
+    time, serving through a router; "first" asked for and answered."""
     cluster.add_model("first", memory=GiB + GiB // 2, min_=0)
     cluster.add_model("second", memory=GiB + GiB // 2, min_=0)
-    cluster.scheduler_extra = "eviction_min_lifetime_s = 0.0\n"  # no minimum
+    cluster.scheduler_extra = f"eviction_min_lifetime_s = {min_lifetime_s}\n"
     cluster.start_scheduler()
-    cluster.start_agent("node-a", memory=2 * GiB)  # room for one of them at a time
+    cluster.start_agent("node-a", memory=2 * GiB)
     cluster.start_router(api_key[1])
     eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
     # Before its first table a router knows no model (issue 17, fault 2).
     eventually(lambda: "routes_applied" in cluster.router.log(), what="the router's table")
     assert cluster.chat("first", timeout=30).status_code == 200
+
+
+def test_a_wanted_on_demand_model_evicts_the_least_recently_used_one(cluster, api_key):
+    two_models_room_for_one(cluster, api_key, min_lifetime_s=0.0)  # no minimum
     assert cluster.chat("second", timeout=30).status_code == 200
     assert "model_evicted model=first for_model=second" in cluster.scheduler.log()
     # The evicted engine finishes what it answers (nothing), then stops.
@@ -241,15 +247,7 @@ def test_a_wanted_on_demand_model_evicts_the_least_recently_used_one(cluster, ap
 def test_two_on_demand_models_that_cannot_both_fit_no_longer_evict_each_other_in_turn(
     cluster, api_key
 ):
-    cluster.add_model("first", memory=GiB + GiB // 2, min_=0)
-    cluster.add_model("second", memory=GiB + GiB // 2, min_=0)
-    cluster.scheduler_extra = "eviction_min_lifetime_s = 300.0\n"  # the default
-    cluster.start_scheduler()
-    cluster.start_agent("node-a", memory=2 * GiB)  # room for one of them at a time
-    cluster.start_router(api_key[1])
-    eventually(lambda: cluster.metric("llmgw_nodes_up") == 1, what="node-a to join")
-    eventually(lambda: "routes_applied" in cluster.router.log(), what="the router's table")
-    assert cluster.chat("first", timeout=30).status_code == 200
+    two_models_room_for_one(cluster, api_key, min_lifetime_s=300.0)  # the default
     for _ in range(3):  # asked for in turn: first keeps its room, second is told why
         refused = cluster.chat("second", timeout=30)
         assert refused.status_code == 503, refused.text

@@ -20,7 +20,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -32,11 +31,12 @@ from llmgw.states import ShardState
 from llmgw_agentd import drain, process, workers
 from llmgw_agentd.engines import Installer, Launch, launch_of, tail_lines
 from llmgw_agentd.errors import AgentError
+from llmgw_agentd.shards import STARTING, Shard, engine_env
 from llmgw_agentd.weights import Weights, entry_keys
 
 _log = log.get("llmgw.agentd.supervisor")
 
-STARTING, READY, DRAINING = ShardState.STARTING, ShardState.READY, ShardState.DRAINING
+READY, DRAINING = ShardState.READY, ShardState.DRAINING
 STOPPED, FAILED = ShardState.STOPPED, ShardState.FAILED
 STATES = (STARTING, READY, DRAINING, STOPPED, FAILED)
 LOST = bus.GONE_AFTER_AGENT_RESTART
@@ -51,70 +51,6 @@ MONITOR_EVERY_S = 0.5
 # A worker's "health": it has no HTTP, so readiness is its port accepting connections.
 WORKER_HEALTH = TCP
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-@dataclass
-class Shard:
-    id: str
-    model: str = ""
-    profile: str = ""
-    # The name of its model's profile (the scheduler's start_shard says; "": not said).
-    profile_name: str = ""
-    engine: str = ""
-    state: str = STARTING
-    reason: str = ""
-    port: int = 0
-    pid: int = 0
-    started: int = 0  # process start time in ticks (process.create_time)
-    started_at: float = 0.0
-    endpoint: str = ""
-    health: str = "/health"
-    rss: int = 0
-    proc: subprocess.Popen | None = field(default=None, repr=False)
-    stopping: bool = False
-    done: bool = False
-    lines: deque = field(default_factory=deque, repr=False)
-    log_offset: int = 0
-    weights: list = field(default_factory=list)  # cache entries it uses (never evicted)
-    role: str = ""  # "rpc-worker": a part of a replica across nodes (workers.py)
-    master: str = ""  # a gang's leader: the ADDR:PORT its workers join (workers.Rank)
-    tokens: dict | None = None  # the engine's newest token counters (counters.py)
-    adapters: list = field(default_factory=list)  # LoRA adapters loaded (adapters.py)
-    # The UUIDs of the GPUs the scheduler assigned it: its engine's CUDA_VISIBLE_DEVICES.
-    gpus: list = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {
-            "id": self.id, "model": self.model, "profile": self.profile, "state": self.state,
-            "endpoint": self.endpoint, "port": self.port, "pid": self.pid, "rss": self.rss,
-            "started_at": self.started_at, "reason": self.reason,
-            **({"role": self.role} if self.role else {}),
-            **({"master": self.master} if self.master else {}),
-            **({"tokens": self.tokens} if self.tokens else {}),
-            **({"adapters": list(self.adapters)} if self.adapters else {}),
-            **({"gpus": list(self.gpus)} if self.gpus else {}),
-            **({"profile_name": self.profile_name} if self.profile_name else {}),
-        }  # fmt: skip
-
-    def state_file(self) -> dict:
-        return {
-            "id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
-            "pid": self.pid, "create_time": self.started, "port": self.port,
-            "endpoint": self.endpoint, "health": self.health, "started_at": self.started_at,
-            "weights": self.weights, "role": self.role, "master": self.master,
-            "gpus": self.gpus, "profile_name": self.profile_name,
-        }  # fmt: skip
-
-
-def engine_env(extra: dict, gpus: list[str]) -> dict:
-    """An engine's environment, whatever the engine: ours, its engine's additions, and
-    with GPUs assigned, CUDA_VISIBLE_DEVICES naming them by UUID (never by index: the
-    CUDA runtime may number cards otherwise than nvidia-smi does). Without it, two
-    replicas on a node with several GPUs both loaded onto GPU 0."""
-    env = {**os.environ, **extra}
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    return env
 
 
 def probe(url: str) -> bool:
@@ -470,18 +406,7 @@ class Supervisor:
         for file in sorted(self.dir.glob("*.json")):
             try:
                 data = json.loads(file.read_text())
-                shard = Shard(
-                    id=str(data["id"]), model=str(data.get("model", "")),
-                    profile=str(data.get("profile", "")), engine=str(data.get("engine", "")),
-                    pid=int(data["pid"]), started=int(data["create_time"]),
-                    port=int(data["port"]), endpoint=str(data["endpoint"]),
-                    health=str(data.get("health", "/health")),
-                    started_at=float(data.get("started_at", 0)),
-                    weights=[str(k) for k in data.get("weights", [])],
-                    role=str(data.get("role", "")), master=str(data.get("master") or ""),
-                    gpus=[str(g) for g in data.get("gpus") or []],
-                    profile_name=str(data.get("profile_name") or ""),
-                )  # fmt: skip
+                shard = Shard.from_state_file(data)
             except (OSError, ValueError, KeyError, TypeError) as e:
                 _log.warning("bad_state_file", file=file, reason=e)
                 file.unlink(missing_ok=True)

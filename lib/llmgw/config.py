@@ -41,6 +41,9 @@ class PathsConfig:
 class StoreConfig:
     # Empty means SQLite under paths.state_dir; LLMGW_STORE overrides either.
     url: str = ""
+    # PostgreSQL: the longest a tool waits to connect, and the scheduler and router for
+    # any answer (store/timeouts.py); a scheduler uses step_down_s - renew_s if less.
+    timeout_s: float = 10.0
 
 
 @dataclass

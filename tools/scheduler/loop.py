@@ -13,10 +13,14 @@ import zmq
 from llmgw import bus, log
 from llmgw.peers import name_of
 from llmgw.states import MsgType
-from llmgw.store import BusPeer, drop_connection
+from llmgw.store import BusPeer, db_proxy, drop_connection
+from llmgw.worker import Worker
 from llmgw_scheduler.service import Scheduler
 
 _log = log.get("llmgw.scheduler")
+
+# How often the registered agents' and routers' keys are read from the store.
+PEERS_S = 2.0
 
 
 def lookup_peer(public_key: str) -> str | None:
@@ -34,10 +38,13 @@ class Loop:
         self.auth = bus.PeerAuthenticator(self.ctx, lookup=lookup_peer, logger=_log).start_for()
         self._said: set[tuple[str, str, str]] = set()  # (what, key owner, claimed), logged
         self.refresh_peers()
+        # Read again on its own thread: on the loop's, a store that stopped answering held
+        # the lock every admin request and every agent's message waits on.
+        self.peers = Worker("bus_peers", self._read_peers, PEERS_S, db=db_proxy.obj,
+                            logger=_log, backoff_max_s=PEERS_S)  # fmt: skip
         self.router = bus.serve(self.ctx, zmq.ROUTER, cfg.scheduler.bus, keys)
         self.pub = bus.serve(self.ctx, zmq.PUB, cfg.scheduler.publish, keys)
         self.running = True
-        self.next_peers = 0.0
         # A new keypair to serve with, set by the admin API (`keys rotate-scheduler
         # --finish`) and applied on this thread, which owns the sockets.
         self.rekey: tuple[bytes, bytes] | None = None
@@ -56,11 +63,13 @@ class Loop:
 
     def refresh_peers(self) -> None:
         try:
-            peers = list(BusPeer.select())
+            self._read_peers()
         except Exception as e:  # the store is down: keep the peers we know, reconnect later
             _log.debug("peers_not_refreshed", reason=str(e)[:200])
             drop_connection()
-            return
+
+    def _read_peers(self) -> None:
+        peers = list(BusPeer.select())
         self.auth.set_peers({p.public_key: p.name for p in peers})
         self.sched.registered_nodes = sorted(p.name for p in peers if p.kind == "agent")
 
@@ -68,6 +77,7 @@ class Loop:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         s = self.sched
+        self.peers.start()
         while self.running:
             if self.rekey is not None:
                 self._apply_rekey(poller)
@@ -76,9 +86,6 @@ class Loop:
                 if events:
                     self._receive()
                 now = time.monotonic()
-                if now >= self.next_peers:
-                    self.refresh_peers()
-                    self.next_peers = now + 2.0
                 if now >= s.next_tick or s.wake:
                     s.wake = False
                     s.next_tick = now + self.cfg.scheduler.tick_s
@@ -162,6 +169,7 @@ class Loop:
             self.pub.send(bus.encode(MsgType.ROUTES, "scheduler", s.routes(), s.epoch))
 
     def close(self) -> None:
+        self.peers.stop()
         self.router.close(0)
         self.pub.close(0)
         self.auth.stop()

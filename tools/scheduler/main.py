@@ -16,7 +16,7 @@ from llmgw.store import ClusterSecret, migrate, open_store, redact
 from llmgw_scheduler import metrics
 from llmgw_scheduler.admin import admin_token
 from llmgw_scheduler.admin import serve as serve_admin
-from llmgw_scheduler.leadership import Leadership, check_timings
+from llmgw_scheduler.leadership import Leadership, check_timings, store_timeout
 from llmgw_scheduler.loop import Loop
 from llmgw_scheduler.needs import Needs
 from llmgw_scheduler.service import Scheduler
@@ -50,7 +50,8 @@ def main(config_path):
         cfg = configmod.load(config_path)
         extra = {e.name for e in cfg.agent.engines}
         models = catalog.load(cfg.models, extra_engines=extra)
-        db = open_store(cfg.store_url())
+        check_timings(cfg)
+        db = open_store(cfg.store_url(), timeout_s=store_timeout(cfg), bounded=True)
         migrate(db)
         secret = cluster_secret()
         keys_dir = cfg.curve_dir()

@@ -23,6 +23,8 @@ import time
 
 import peewee
 
+from llmgw.store.timeouts import patient
+
 TYPES = {
     "sqlite": {
         "DOUBLE": "REAL",
@@ -498,11 +500,14 @@ def migrate(db: peewee.Database) -> list[str]:
     done = _applied(db)
     applied = []
     record = f"INSERT INTO llmgw_migrations (name, applied_at) VALUES ({db.param}, {db.param})"
-    for step in MIGRATIONS:
-        if step.__name__ in done:
-            continue
-        with db.atomic():
-            step(db)
-            db.execute_sql(record, (step.__name__, time.time()))
-        applied.append(step.__name__)
+    todo = [step for step in MIGRATIONS if step.__name__ not in done]
+    if not todo:
+        return applied
+    # A migration over a large table may take minutes: no store timeout applies to it.
+    with patient(db):
+        for step in todo:
+            with db.atomic():
+                step(db)
+                db.execute_sql(record, (step.__name__, time.time()))
+            applied.append(step.__name__)
     return applied

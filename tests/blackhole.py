@@ -5,7 +5,10 @@ network partition that drops packets looks like to the tool, without root or nam
 RST, as when packets are dropped) and stops accepting new ones (the listen queue is cut
 to its minimum, so the kernel soon answers no SYN at all). `heal()` undoes both: what
 either side sent meanwhile is delivered then, as TCP's retransmissions would deliver
-it, and connections queued meanwhile are taken.
+it, and connections queued meanwhile are taken. `heal(forget=True)` opens the way for
+new connections only: the old ones stay silent for good, as behind a stateful firewall
+whose connection-tracking entries expired during the partition (it drops what it no
+longer knows), so only a tool that gives up on them and connects again gets through.
 
 Its limit: this machine's kernel still acknowledges every packet, and answers TCP
 keepalives, on the proxy's behalf, so libpq's tcp_user_timeout and keepalives never
@@ -29,6 +32,7 @@ class Blackhole:
         self._listener.settimeout(0.1)
         self.port = self._listener.getsockname()[1]
         self._socks: list[socket.socket] = []
+        self._gates: list[threading.Event] = []  # one per connection: set while it flows
         self._lock = threading.Lock()
         self.accepted = 0
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -51,18 +55,26 @@ class Blackhole:
         return not self._open.is_set()
 
     def blackhole(self) -> None:
-        self._open.clear()
+        with self._lock:
+            self._open.clear()
+            for gate in self._gates:
+                gate.clear()
         self._listener.listen(0)
 
-    def heal(self) -> None:
+    def heal(self, forget: bool = False) -> None:
         self._listener.listen(128)
-        self._open.set()
+        with self._lock:
+            self._open.set()
+            for gate in () if forget else self._gates:
+                gate.set()
 
     def close(self) -> None:
         self._stop.set()
         self._open.set()
         self._listener.close()
         with self._lock:
+            for gate in self._gates:
+                gate.set()
             for s in self._socks:
                 try:
                     s.close()
@@ -89,19 +101,23 @@ class Blackhole:
                 continue
             upstream.settimeout(None)
             client.settimeout(None)
+            gate = threading.Event()
             with self._lock:
                 self._socks += [client, upstream]
                 self.accepted += 1
+                if self._open.is_set():
+                    gate.set()
+                self._gates.append(gate)
             for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+                threading.Thread(target=self._pump, args=(src, dst, gate), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, gate: threading.Event) -> None:
         """Copy one direction; while black-holed, whatever arrives is held, not sent."""
         try:
             while not self._stop.is_set():
-                self._open.wait()
+                gate.wait()
                 data = src.recv(_CHUNK)
-                self._open.wait()  # read just as the hole opened: held until it heals
+                gate.wait()  # read just as the hole opened: held until it heals
                 if not data or self._stop.is_set():
                     break
                 dst.sendall(data)

@@ -60,6 +60,8 @@ class Cluster:
         self.router: Proc | None = None
         self.router_url = ""
         self.secret = ""
+        self.router_env: dict[str, str] = {}  # e.g. LLMGW_STORE through tests/blackhole.py
+        self.router_extra = ""  # more config after [router]'s lines, e.g. a [store] table
 
     def add_scheduler(self, name: str) -> None:
         """Another scheduler sharing the store (PostgreSQL for a standby); agents and the
@@ -239,13 +241,14 @@ class Cluster:
             self._common(self.tmp / "router-state")
             + f'[router]\nlisten = "127.0.0.1:{port}"\nschedulers = {self._all("pub")}\n'
             f"scheduler_bus = {self._all('bus')}\nactivation_window_s = 20.0\n"
-            'bus_name = "router"\nkey_refresh_s = 0.2\ncooldown_s = 0.5\n'
+            'bus_name = "router"\nkey_refresh_s = 0.2\ncooldown_s = 0.5\n' + self.router_extra
         )
         self.router_url = f"http://127.0.0.1:{port}"
         self.secret = secret
         self.router = Proc(
             [str(BIN / "llmgw-router"), "--config", str(cfg)],
             self.tmp / "router.log",
+            env=self.router_env,
             health=f"{self.router_url}/ready",
         )
         self.router.wait_healthy()

@@ -26,6 +26,7 @@ from llmgw_scheduler.errors import (
     NotLeader,
     NotWritten,
     Unauthorized,
+    Unavailable,
 )
 from llmgw_scheduler.fleet_api import View
 from llmgw_scheduler.routes import ROUTES, Access
@@ -107,6 +108,8 @@ class Handler(BaseHTTPRequestHandler):
             reply = self.route.handler(self, **params)
         except MethodNotAllowed as e:
             return self._error(405, e.code, str(e), {"Allow": ", ".join(e.allow)})
+        except Unavailable as e:
+            return self._error(503, e.code, str(e), {"Retry-After": str(round(e.retry_after))})
         except Refused as e:
             return self._error(status_of(e), e.code, str(e))
         except TenancyError as e:
@@ -217,6 +220,7 @@ class Handler(BaseHTTPRequestHandler):
 AUTHENTICATE = {
     Access.PUBLIC: Handler.anyone,
     Access.NODE: mirror_api.authenticate,
+    Access.PEER: mirror_api.authenticate_peer,
     Access.JOIN: join_api.authenticate,
     Access.PAGE: page.authenticate,
     Access.READ: Handler.operator,

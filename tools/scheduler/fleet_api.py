@@ -10,6 +10,7 @@ from llmgw import lease
 from llmgw.errors import Invalid, NotFound
 from llmgw.placement import Fleet, first_fit, gpus_needed, pick_gpus
 from llmgw.states import LIVE, LOST, ShardState
+from llmgw.store import SchedulerSeen
 from llmgw_scheduler.errors import AgentSilent
 from llmgw_scheduler.models import profile_of
 
@@ -203,8 +204,11 @@ def control_plane(s) -> dict:
     try:
         held = lease.current(s.leadership.db)
         peers = lease.schedulers(s.leadership.db)
+        behind = {r.name: (r.missing_blobs, r.missing_bytes) for r in SchedulerSeen.select()}
     except Exception as e:
         return {"store_error": str(e)[:200]}
+    for p in peers:  # how far its copy of the mirror and releases is behind (None: unsaid)
+        p["missing_blobs"], p["missing_bytes"] = behind.get(p["name"], (None, None))
     leader = None
     if held is not None and held.expires_in > 0:
         leader = {"name": held.name, "admin_url": held.admin_url, "epoch": held.epoch,

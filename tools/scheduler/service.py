@@ -64,6 +64,7 @@ class Scheduler:
         self.needs = needs
         self.clock = clock
         self.leadership = leadership  # for the admin API's status: the lease, the store
+        self.replicator = None  # copies the mirror and releases from peers (main sets it)
         self.role = Role(leadership)
         self.leading = self.role.leading
         self.flags = Flags()

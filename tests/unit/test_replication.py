@@ -257,3 +257,24 @@ def test_a_node_asking_for_a_blob_has_it_copied_first_and_at_once(tmp_path, stor
     w.hurry(BLOB, sha(a))
     w.tick()
     assert w.mirror.has(f("a.gguf", a))
+
+
+def test_llmgw_status_says_how_far_each_schedulers_copy_is_behind():
+    from llmgw_ctl.status import control_plane_line
+
+    cp = {"name": "s2", "role": "standby",
+          "leader": {"name": "s1", "epoch": 3, "expires_in": 9.0},
+          "schedulers": [
+              {"name": "s1", "role": "leader", "seen_s_ago": 0.2, "missing_blobs": 1,
+               "missing_bytes": 3 << 20},
+              {"name": "s2", "role": "standby", "seen_s_ago": 0.1, "missing_blobs": 0,
+               "missing_bytes": 0},
+              {"name": "s3", "role": "standby", "seen_s_ago": 0.3, "missing_blobs": 2,
+               "missing_bytes": 5 << 30},
+              {"name": "old", "role": "standby", "seen_s_ago": 0.4},  # never said
+          ]}  # fmt: skip
+    line = control_plane_line(cp)
+    assert "s2 (seen 0.1s ago, mirror copied)" in line
+    assert "s3 (seen 0.3s ago, 2 files (5 GiB) to copy)" in line
+    assert "old (seen 0.4s ago)" in line
+    assert "(s1 has 1 file (3 MiB) to copy)" in line

@@ -6,6 +6,7 @@ import time
 import click
 
 from llmgw.human import age
+from llmgw.human import size as human_size
 from llmgw.placement import size
 from llmgw_ctl.api import client, model_path
 from llmgw_ctl.common import json_option, pass_state, print_json, print_table, queued
@@ -157,12 +158,29 @@ def control_plane_line(cp: dict) -> str:
     else:
         head = "LEADER none: no scheduler holds the lease; nothing is placed or restarted"
     others = [
-        f"{s['name']} (seen {s['seen_s_ago']}s ago)"
+        f"{s['name']} (seen {s['seen_s_ago']}s ago{copy_state(s)})"
         for s in cp.get("schedulers", ())
         if s["role"] == "standby"
     ]
     line = head + (f"  STANDBY {', '.join(others)}" if others else "")
+    lacking = [
+        f"{s['name']} has {copy_state(s).removeprefix(', ')}"
+        for s in cp.get("schedulers", ())
+        if s["role"] == "leader" and s.get("missing_blobs")
+    ]
+    line += "".join(f"  ({x})" for x in lacking)
     return line + f"  [answered by {cp['name']}, {cp['role']}]"
+
+
+def copy_state(s: dict) -> str:
+    """', mirror copied' or ', 3 files (2.0 GiB) to copy': how far a scheduler's own
+    copy of the mirror and the releases is behind what the store names ('' if unsaid)."""
+    n = s.get("missing_blobs")
+    if n is None:
+        return ""
+    if n == 0:
+        return ", mirror copied"
+    return f", {n} file{'s' if n != 1 else ''} ({human_size(s.get('missing_bytes') or 0)}) to copy"
 
 
 def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> None:

@@ -193,3 +193,33 @@ def test_with_sqlite_a_second_scheduler_refuses_to_start_and_the_epoch_rises_on_
     cluster.start_scheduler("s1")
     eventually(lambda: role(cluster, "s1") == "leader", what="s1 to lead again")
     assert status(cluster, "s1")["epoch"] == 2
+
+
+def test_a_removed_node_is_forgotten_by_both_schedulers_and_not_brought_back_by_a_takeover(pair):
+    names = lambda s: [n["name"] for n in pair.admin("/v1/nodes", scheduler=s)]  # noqa: E731
+    assert "node-b" in names("s2")  # the standby hears every agent too
+    result = pair.ctl("nodes", "remove", "node-b", "--force")
+    assert result.returncode == 0, result.stderr
+    # Gone at once on the scheduler that removed it, with its replica: not `lost`.
+    assert names("s1") == ["node-a"]
+    placement = pair.admin("/v1/models/m/placement")
+    assert [n["name"] for n in placement["nodes"]] == ["node-a"]
+    assert all(r["node"] == "node-a" for r in pair.admin("/v1/replicas"))
+    # The standby learns it from the store at its next look (2 s).
+    eventually(lambda: names("s2") == ["node-a"], timeout=10, what="s2 to forget node-b")
+    # The catalog still wants two: the second goes on node-a, not back on node-b.
+    eventually(lambda: ready(pair, "s1") == 2, timeout=30, what="a replacement on node-a")
+
+    pair.schedulers["s1"].p.send_signal(signal.SIGKILL)
+    eventually(lambda: role(pair, "s2") == "leader", timeout=15, what="s2 to lead")
+    took = eventually(lambda: [x for x in pair.schedulers["s2"].log().splitlines()
+                               if ": took_over " in x], what="s2 to say it took over")  # fmt: skip
+    assert " nodes=1 " in took[0], took[0]
+    # Past node_lost_s (3 s) after the takeover, node-b is still nowhere, not even lost.
+    eventually(lambda: pair.metric("llmgw_nodes_up", scheduler="s2") == 1,
+               what="s2 to publish its nodes")  # fmt: skip
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        assert names("s2") == ["node-a"]
+        assert pair.metric("llmgw_nodes_lost", scheduler="s2") == 0
+    assert all(r["node"] == "node-a" for r in pair.admin("/v1/replicas", scheduler="s2"))

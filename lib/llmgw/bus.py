@@ -55,6 +55,11 @@ def create_keypair(directory: Path, name: str) -> str:
     return load_public(directory, name)
 
 
+def is_reserved(name: str) -> bool:
+    """Whether `name` is one of the scheduler's own keypairs, never a peer's."""
+    return name in (SCHEDULER, NEXT_SCHEDULER, RETIRED_SCHEDULER)
+
+
 def copy_hint(name: str, group: str = "nodes") -> str:
     """What to do about a peer's missing keys: they are made on the control plane."""
     return (

@@ -11,7 +11,7 @@ import peewee
 import zmq
 
 from llmgw import bus, log
-from llmgw.peers import name_of
+from llmgw.peers import drop_keypair, name_of, removed_since
 from llmgw.states import MsgType
 from llmgw.store import BusPeer, drop_connection
 from llmgw_scheduler.service import Scheduler
@@ -33,6 +33,7 @@ class Loop:
         self.ctx = zmq.Context()
         self.auth = bus.PeerAuthenticator(self.ctx, lookup=lookup_peer, logger=_log).start_for()
         self._said: set[tuple[str, str, str]] = set()  # (what, key owner, claimed), logged
+        self._removals_read = 0  # the newest removal's audit entry read (refresh_peers)
         self.refresh_peers()
         self.router = bus.serve(self.ctx, zmq.ROUTER, cfg.scheduler.bus, keys)
         self.pub = bus.serve(self.ctx, zmq.PUB, cfg.scheduler.publish, keys)
@@ -57,12 +58,29 @@ class Loop:
     def refresh_peers(self) -> None:
         try:
             peers = list(BusPeer.select())
+            removed, self._removals_read = removed_since(self._removals_read)
         except Exception as e:  # the store is down: keep the peers we know, reconnect later
             _log.debug("peers_not_refreshed", reason=str(e)[:200])
             drop_connection()
             return
         self.auth.set_peers({p.public_key: p.name for p in peers})
-        self.sched.registered_nodes = sorted(p.name for p in peers if p.kind == "agent")
+        self._drop_revoked_keys(removed, {p.public_key for p in peers})
+        agents = sorted(p.name for p in peers if p.kind == "agent")
+        self.sched.registered_nodes = agents
+        # A node the store no longer has was removed (through the other scheduler, or with
+        # `--store`): its key is refused from now on, so nothing it says brings it back.
+        for node in set(self.sched.inv.nodes) - set(agents):
+            self.sched.forget_node(node)
+
+    def _drop_revoked_keys(self, removed: list[tuple[str, str]], registered: set[str]) -> None:
+        """Delete this machine's copy of every removed peer's keypair (install.md has the
+        operator copy each keypair to both schedulers): the scheduler that handled the
+        removal deleted only its own. Read from the audit log, so one that was down at
+        the time drops it at its start."""
+        curve = self.cfg.curve_dir()
+        for name, public in removed:
+            if public not in registered and drop_keypair(curve, name, public):
+                _log.info("revoked_keypair_deleted", peer=name, public_key=public[:8])
 
     def run(self) -> None:
         poller = zmq.Poller()

@@ -22,6 +22,11 @@ LEADER = Gauge(
     "llmgw_control_plane_leader", "1 while this scheduler holds the leader lease", ["scheduler"]
 )
 EPOCH = Gauge("llmgw_control_plane_epoch", "The newest leader epoch this scheduler took")
+ADMIN_UNAUTHENTICATED = Counter(
+    "llmgw_admin_unauthenticated_total",
+    "Admin API requests refused for a missing or wrong token (not in the audit log)",
+    ["access"],
+)
 RENEW_FAILURES = Counter(
     "llmgw_control_plane_renew_failures_total", "Lease renewals that could not reach the store"
 )

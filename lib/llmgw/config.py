@@ -197,6 +197,12 @@ class SchedulerConfig:
     # A file holding the Hugging Face token that hf:// sources are pulled with, read at
     # each pull (a rotated token needs no restart) and never logged; empty: no token.
     hf_token_file: str = ""
+    # Every scheduler keeps its own copy of the mirror and the releases, copied from a
+    # peer scheduler: what the store names and this one lacks is looked for every
+    # replicate_s; a copy that fails is tried again after replicate_s × 2^(failures
+    # before it), at most replicate_backoff_max_s.
+    replicate_s: float = 5.0
+    replicate_backoff_max_s: float = 300.0
 
 
 @dataclass

@@ -11,7 +11,7 @@ import peewee
 import zmq
 
 from llmgw import bus, log
-from llmgw.peers import name_of
+from llmgw.peers import drop_keypair, name_of, removed_since
 from llmgw.states import MsgType
 from llmgw.store import BusPeer, db_proxy, drop_connection
 from llmgw.worker import Worker
@@ -37,6 +37,7 @@ class Loop:
         self.ctx = zmq.Context()
         self.auth = bus.PeerAuthenticator(self.ctx, lookup=lookup_peer, logger=_log).start_for()
         self._said: set[tuple[str, str, str]] = set()  # (what, key owner, claimed), logged
+        self._removals_read = 0  # the newest removal's audit entry read (refresh_peers)
         self.refresh_peers()
         # Read again on its own thread: on the loop's, a store that stopped answering held
         # the lock every admin request and every agent's message waits on.
@@ -69,9 +70,37 @@ class Loop:
             drop_connection()
 
     def _read_peers(self) -> None:
+        """Read the registered keys and the removals from the store without the
+        scheduler's lock, then apply them under it. Only a node known before the read
+        began may be forgotten (one that said hello meanwhile was registered after it),
+        and a read that a revocation overtook is not applied to the ZAP handler."""
+        s = self.sched
+        with s.lock:
+            known = set(s.inv.nodes)
+        revocations = self.auth.revocations
         peers = list(BusPeer.select())
-        self.auth.set_peers({p.public_key: p.name for p in peers})
-        self.sched.registered_nodes = sorted(p.name for p in peers if p.kind == "agent")
+        removed, self._removals_read = removed_since(self._removals_read)
+        if self.auth.revocations == revocations:
+            self.auth.set_peers({p.public_key: p.name for p in peers})
+        self._drop_revoked_keys(removed, {p.public_key for p in peers})
+        agents = sorted(p.name for p in peers if p.kind == "agent")
+        with s.lock:
+            s.registered_nodes = agents
+            # A node the store no longer has was removed (through the other scheduler, or
+            # with `--store`): its key is refused from now on, so nothing it says brings
+            # it back.
+            for node in known - set(agents):
+                s.forget_node(node)
+
+    def _drop_revoked_keys(self, removed: list[tuple[str, str]], registered: set[str]) -> None:
+        """Delete this machine's copy of every removed peer's keypair (install.md has the
+        operator copy each keypair to both schedulers): the scheduler that handled the
+        removal deleted only its own. Read from the audit log, so one that was down at
+        the time drops it at its start."""
+        curve = self.cfg.curve_dir()
+        for name, public in removed:
+            if public not in registered and drop_keypair(curve, name, public):
+                _log.info("revoked_keypair_deleted", peer=name, public_key=public[:8])
 
     def run(self) -> None:
         poller = zmq.Poller()

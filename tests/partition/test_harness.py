@@ -9,6 +9,7 @@ import requests
 
 from tests.helpers import eventually
 
+from .fleet import REAL_MODEL
 from .net import Network
 
 pytestmark = [pytest.mark.partition, pytest.mark.timeout(180)]
@@ -107,3 +108,25 @@ def test_a_fleet_across_hosts_serves_through_both_routers(hosts):
     # the agents say which leader's commands they obeyed
     epoch = f.admin("/v1/status")["control_plane"]["epoch"]
     assert f": command_accepted type=start_shard epoch={epoch}" in f.logs(ready[0]["node"])
+
+
+@pytest.mark.e2e
+def test_a_real_llama_server_on_its_own_host_answers_through_a_router_on_another(hosts):
+    f = hosts
+    f.add_model("gemma", memory=0, **REAL_MODEL)
+    f.start(agents=(), routers=("r1",))
+    f.start_agent("a4", memory=0)  # the machine's own memory
+
+    def answered():
+        r = requests.post(
+            f"{f.router_url('r1')}/v1/completions",
+            json={"model": "gemma", "prompt": "The capital of France is", "max_tokens": 4},
+            headers={"Authorization": f"Bearer {f.secret}"},
+            timeout=30,
+        )
+        assert r.status_code in (200, 503), r.text  # 503: placed, loading
+        return r.status_code == 200 and r.json()["choices"][0]["text"]
+
+    eventually(answered, timeout=180, interval=0.5, what="gemma to answer through r1")
+    (replica,) = f.replicas()
+    assert replica["node"] == "a4" and f.addr("a4") in replica["endpoint"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from .fleet import Fleet
+from .fleet import PG_BIN, Fleet
 from .net import Network, missing_tools
 from .report import TABLES
 
@@ -25,6 +25,10 @@ def hosts(tmp_path, net, monkeypatch):
     """PostgreSQL running on `pg`, scheduler hosts `s1` and `s2`, nothing else started:
     each scenario adds its catalog, then `hosts.start()` starts the schedulers, agents and
     routers. The test process is the operator and the clients (LLMGW_STORE: pg)."""
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(
+            f"partition tests: no PostgreSQL server in {PG_BIN} (apt-get install postgresql-15)"
+        )
     f = Fleet(tmp_path, net)
     try:
         f.start_pg()

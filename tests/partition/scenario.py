@@ -1,7 +1,24 @@
 """One scenario's run: steady mixed traffic through the routers behind a balancer that
 probes /ready, a thread watching who leads, and at the end the invariants checked and
 the table printed, written to partition.md in the test's directory and kept for pytest's
-summary."""
+summary.
+
+A scenario reads:
+
+    hosts.add_model("m", min_=2, max_=2)
+    hosts.start()                      # s1 leads, s2 stands by, a1-a3, r1 and r2
+    sc = Scenario(hosts, request, "what was cut")
+    try:
+        sc.steady(10)
+        hosts.net.cut("a1", "s1")      # the fault, and what must hold meanwhile
+        ...
+        hosts.net.heal("a1", "s1")
+        sc.healed()
+        sc.converged(lambda: ..., what="the catalog again")
+    finally:
+        result = sc.finish()
+    assert not result.broken, "\n".join(result.broken)
+"""
 
 import os
 import time

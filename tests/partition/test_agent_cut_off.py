@@ -18,7 +18,7 @@ from tests.helpers import eventually
 from .fleet import HEARTBEAT_S, NODE_LOST_S
 from .scenario import Scenario, engines
 
-pytestmark = [pytest.mark.partition, pytest.mark.postgres, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.partition, pytest.mark.timeout(240)]
 
 
 def test_an_agent_cut_off_from_the_schedulers_keeps_serving_and_its_orphan_is_adopted_or_drained(  # noqa: E501

@@ -19,7 +19,7 @@ from tests.helpers import eventually
 from .fleet import GiB
 from .scenario import Scenario
 
-pytestmark = [pytest.mark.partition, pytest.mark.postgres, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.partition, pytest.mark.timeout(240)]
 
 
 def cut_off(f, router: str) -> None:

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 export LLMGW_CACHE ?= $(HOME)/.cache/llmgw
 
-.PHONY: install engine vllm demo test test-fast chaos lint format bench docs release clean
+.PHONY: install engine vllm demo test test-fast chaos partition lint format bench docs release clean
 
 install: $(VENV)/.installed
 
@@ -40,6 +40,11 @@ test-fast: install
 # what must survive (also part of `make test`); needs LLMGW_TEST_POSTGRES.
 chaos: install
 	$(BIN)/pytest -q -s -m chaos tests/chaos
+
+# Hosts in network namespaces (as root: ip, nft, tc) cut off from each other under load,
+# and the invariants checked after each scenario (also part of `make test`).
+partition: install
+	$(BIN)/pytest -q -s -m partition tests/partition
 
 lint: install
 	$(BIN)/ruff check .

@@ -37,6 +37,18 @@ def toml_list(items) -> str:
     return json.dumps(list(items))
 
 
+def read_shards(state_dir: Path) -> list[dict]:
+    """The shards an agent with this state directory records (what runs on its node)."""
+    d = state_dir / "shards"
+    out = []
+    for p in sorted(d.glob("*.json")) if d.exists() else ():
+        try:
+            out.append(json.loads(p.read_text()))
+        except FileNotFoundError:
+            continue  # the agent removed it between the listing and the read
+    return out
+
+
 class Cluster:
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -322,14 +334,7 @@ class Cluster:
 
     def shards(self, node: str) -> list[dict]:
         """The shards an agent's state files record (what runs on that node)."""
-        d = self.tmp / f"agent-{node}" / "shards"
-        out = []
-        for p in sorted(d.glob("*.json")) if d.exists() else ():
-            try:
-                out.append(json.loads(p.read_text()))
-            except FileNotFoundError:
-                continue  # the agent removed it between the listing and the read
-        return out
+        return read_shards(self.tmp / f"agent-{node}")
 
     def engine_pids(self) -> set[int]:
         """Every fake engine process running on this machine for this cluster."""

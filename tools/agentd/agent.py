@@ -258,6 +258,9 @@ class Agent:
             metrics.EPOCH.set(epoch)
         if kind == "leader":
             return  # the epoch is all it carries
+        # Each accepted command with its epoch: what shows, after a failover, that no
+        # command of the old leader was obeyed once the new one had spoken.
+        _log.debug("command_accepted", type=kind, epoch=epoch)
         if kind == "start_shard":
             self.supervisor.start(body)
         elif kind == "stop_shard":

@@ -203,6 +203,10 @@ class SchedulerConfig:
     # before it), at most replicate_backoff_max_s.
     replicate_s: float = 5.0
     replicate_backoff_max_s: float = 300.0
+    # The status page's charts and the llmgw_usage_recent_* gauges: how often the
+    # scheduler reads the newest usage rows (per minute and model) and the last hour's
+    # and day's usage per key, project and team from the store.
+    status_refresh_s: float = 60.0
 
 
 @dataclass

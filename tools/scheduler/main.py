@@ -19,6 +19,7 @@ from llmgw_scheduler.admin import serve as serve_admin
 from llmgw_scheduler.leadership import Leadership, check_timings, store_timeout
 from llmgw_scheduler.loop import Loop
 from llmgw_scheduler.needs import Needs
+from llmgw_scheduler.readings import Readings
 from llmgw_scheduler.replicator import Replicator
 from llmgw_scheduler.replicator import check_timings as check_replication
 from llmgw_scheduler.service import Scheduler
@@ -109,6 +110,8 @@ def main(config_path):
     metrics.watch_fleet(sched)
     check = UsageCheck(sched, cfg.usage, db)
     check.start()
+    sched.readings = Readings(sched, db, cfg.scheduler.status_refresh_s)
+    sched.readings.start()
     sched.replicator = Replicator(cfg, db, leadership.name, secret, sched.leading)
     sched.replicator.start()
     if cfg.scheduler.metrics_listen:
@@ -132,6 +135,7 @@ def main(config_path):
         loop.run()
     finally:
         check.stop()
+        sched.readings.stop()
         sched.replicator.stop()
         admin.shutdown()
         loop.close()

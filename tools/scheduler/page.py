@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from llmgw.human import age
 from llmgw.placement import size
+from llmgw_scheduler import panels
 from llmgw_scheduler.fleet_api import View
 
 COOKIE = "llmgw_admin"
@@ -66,7 +67,18 @@ background:#d0d7de;border-radius:.4em;overflow:hidden}
 pre{white-space:pre-wrap;word-break:break-word;max-height:12em;overflow:auto;margin:.3em 0;
 background:#f6f8fa;padding:.5em}
 code{background:#eff1f3;padding:0 .25em}
+nav{margin:.6em 0;padding-bottom:.4em;border-bottom:1px solid #d0d7de}
+nav a{margin-right:1.2em;color:#0969da;text-decoration:none}
+nav a.here{color:#1f2328;font-weight:600}
+nav .window{float:right}h3{font-size:1em;margin:1em 0 .3em}
+.charts,.gpus{display:flex;flex-wrap:wrap;gap:.5em 1.5em}svg.chart{overflow:visible}
+.node{margin:.4em 0 1em}.legend .key{margin-right:1em;white-space:nowrap}
+.swatch{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:middle}
+ul.events{margin:.2em 0;padding-left:1.2em;font-size:.9em}
 """
+
+# The page's views, at /status and /status/NAME, in the order the navigation lists them.
+VIEWS = {"overview": "Overview", "capacity": "Capacity", "history": "History", "usage": "Usage"}
 
 
 def e(value) -> str:
@@ -148,12 +160,14 @@ def table(head: list[str], rows: list[list[str]], empty: str) -> str:
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: float) -> str:
-    """The page, from the admin API's NODE, MODEL and REPLICA shapes."""
+def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: float,
+           traffic=None, window: str = "hour") -> str:  # fmt: skip
+    """The overview, from the admin API's NODE, MODEL and REPLICA shapes and the
+    traffic read from the usage rows (None: not read yet)."""
     up = sum(1 for n in nodes if n["state"] == "up")
     serving = sum(1 for m in models if m["state"] == "serving")
     ready = sum(1 for r in replicas if r["state"] == "ready")
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now))
+    names = [m["name"] for m in models if not m.get("adapter_of")]
 
     actions = [
         f'<div class="action"><strong>{e(m["name"])}</strong> {state(m["state"])} '
@@ -203,16 +217,16 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
         ]
         for r in replicas
     ]
-    return (
-        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta http-equiv="refresh" content="{REFRESH_S}">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>llmgw status</title><style>{CSS}</style></head><body>"
-        f'<h1>llmgw</h1><p class="muted">as of {e(when)}, refreshed every {REFRESH_S} s</p>'
+    head = (
         f'<p class="summary"><span>nodes up {up}/{len(nodes)}</span>'
         f"<span>models serving {serving}/{len(models)}</span>"
         f"<span>replicas ready {ready}/{len(replicas)}</span></p>"
+    )
+    return shell(
+        "overview", window, now,
+        head
         + (f"<h2>Needs action</h2>{''.join(actions)}" if actions else "")
+        + f"<h2>Traffic</h2>{panels.traffic(traffic, names, window, now)}"
         + "<h2>Nodes</h2>"
         + table(
             ["node", "state", "memory used", "GPU memory used", "CPUs", "replicas", "last seen"],
@@ -236,9 +250,58 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
             ["replica", "model", "profile", "node", "state", "age", "memory", "reason"],
             replica_rows,
             "No replicas.",
-        )
-        + "</body></html>\n"
+        ),
+    )  # fmt: skip
+
+
+HERE = ' class="here"'
+
+
+def shell(view: str, window: str, now: float, body: str) -> str:
+    """A whole page: the head, the navigation between the views and windows, `body`."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now))
+    q = "" if window == "hour" else f"?window={window}"
+    links = "".join(
+        f'<a href="/status{"" if v == "overview" else "/" + v}{q}"'
+        f"{HERE if v == view else ''}>{label}</a>"
+        for v, label in VIEWS.items()
     )
+    here = "/status" + ("" if view == "overview" else f"/{view}")
+    windows = " | ".join(
+        f"<strong>last {w}</strong>" if w == window
+        else f'<a href="{here}{"" if w == "hour" else "?window=" + w}">last {w}</a>'
+        for w in panels.WINDOWS
+    )  # fmt: skip
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="{REFRESH_S}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>llmgw {e(VIEWS[view].lower())}</title><style>{CSS}</style></head><body>"
+        f'<h1>llmgw</h1><p class="muted">as of {e(when)}, refreshed every {REFRESH_S} s</p>'
+        f'<nav>{links}<span class="window">{windows}</span></nav>' + body + "</body></html>\n"
+    )
+
+
+def render_capacity(nodes: list[dict], models: list[dict], replicas: list[dict],
+                    now: float) -> str:  # fmt: skip
+    """Where memory and GPUs go, and what waits for a place."""
+    return shell(
+        "capacity", "hour", now,
+        "<h2>Capacity</h2>" + panels.capacity(nodes, models, replicas)
+        + "<h2>Waiting, not placed</h2>"
+        + table(["model", "state", "replicas", "needs", "why"], panels.waiting(models),
+                "Nothing waits: every model has the replicas it wants, or they are starting."),
+    )  # fmt: skip
+
+
+def render_history(history, names: list[str], window: str, now: float) -> str:
+    body = panels.history(history, names, window, now)
+    return shell("history", window, now, f"<h2>Model history</h2>{body}")
+
+
+def render_usage(reports: dict, read_at: float | None, window: str, now: float) -> str:
+    body = panels.usage(reports, read_at, window)
+    return shell("usage", window, now, f"<h2>Usage, last {window}</h2>{body}")
 
 
 UNAUTHORISED = f"""<!doctype html>
@@ -308,11 +371,28 @@ def authenticate(handler):
     return who
 
 
-def serve(handler) -> None:
-    """GET / or /status, once `authenticate` has let the request through."""
+def serve(handler, view: str = "overview") -> None:
+    """GET /, /status or /status/VIEW, once `authenticate` has let the request through;
+    `?window=day` shows the last day instead of the last hour."""
+    if view not in VIEWS:
+        return _send(handler, 404, shell("overview", "hour", time.time(),
+                                         f"<p>No view {e(view)} here.</p>"))  # fmt: skip
+    window = handler.q.get("window", "hour")
+    window = window if window in panels.WINDOWS else "hour"
     sched = handler.sched
+    readings = getattr(sched, "readings", None)
+    traffic, reports, read_at = readings.snapshot() if readings else (None, {}, None)
     with sched.lock:
-        view = View(sched)
-        nodes, models, replicas = view.nodes(), view.models(), view.replicas()
+        v = View(sched)
         now = sched.clock()
-    _send(handler, 200, render(nodes, models, replicas, now))
+        if view == "history":  # drawn under the lock: the history changes at every pass
+            names = sorted(sched.models)
+            return _send(handler, 200, render_history(sched.history, names, window, now))
+        nodes, models, replicas = v.nodes(), v.models(), v.replicas()
+    if view == "capacity":
+        page = render_capacity(nodes, models, replicas, now)
+    elif view == "usage":
+        page = render_usage(reports, read_at, window, now)
+    else:
+        page = render(nodes, models, replicas, now, traffic, window)
+    _send(handler, 200, page)

@@ -122,6 +122,7 @@ ROUTES: tuple[Route, ...] = (
     # For browsers: the status page, with its own ways to authenticate (page.py).
     Route("GET", "/", Access.PAGE, page.serve),
     Route("GET", "/status", Access.PAGE, page.serve),
+    Route("GET", "/status/{view}", Access.PAGE, page.serve),
     # For nodes, with their own credentials or none; never an operator's token.
     Route("GET", "/v1/join/ca", Access.PUBLIC, join_api.ca),
     Route("POST", "/v1/join", Access.JOIN, join_api.join, body=True,

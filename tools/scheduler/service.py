@@ -26,6 +26,7 @@ from llmgw_scheduler.drains import Drains
 from llmgw_scheduler.eviction import Eviction
 from llmgw_scheduler.flags import Flags
 from llmgw_scheduler.gangs import Gangs
+from llmgw_scheduler.history import History, Look
 from llmgw_scheduler.inventory import Inventory
 from llmgw_scheduler.load import Loads
 from llmgw_scheduler.messages import Messages
@@ -94,6 +95,9 @@ class Scheduler:
         self.restarting = Restarts(self.inv, self.catalog, needs, self.commands,
                                    self.views.node_views, s, self.flags, clock)  # fmt: skip
         self.engine_counters = EngineCounters()  # for the usage check (usage_check.py)
+        self.history = History()  # each model's states and events, for the status page
+        # Traffic and usage read from the store for the status page (main sets it).
+        self.readings = None
         self.messages = Messages(self.inv, self.catalog, needs, self.parking, self.demand,
                                  self.intents, self.logs, self.drains, s, self.flags,
                                  self.role, clock, self.loads, self.engine_counters,
@@ -362,8 +366,28 @@ class Scheduler:
         self.eviction.room_coming(self.unplaceable, now)
         self.adapters.pass_(now)
         self.last_pass_at = now
+        self._observe(now)
         if self.demand.answer(asked):  # this pass is their answer
             self.flags.routes_dirty = True
+
+    def _observe(self, now: float) -> None:
+        """Each model as this pass leaves it, for its history (history.py)."""
+        lost = self.inv.lost_nodes()
+        ready: dict[str, int] = {}
+        for r in self.inv.replicas.values():
+            if r.state == ShardState.READY and r.node not in lost and not r.role:
+                ready[r.model] = ready.get(r.model, 0) + 1
+        restarting: dict[str, int] = {}
+        for j in self.restarting.jobs:
+            if j.active:
+                restarting[j.model] = restarting.get(j.model, 0) + 1
+        for name, m in self.catalog.models.items():
+            state, reason = self.views.model_status(name, lost)
+            b = self.parking.backoff.get(name)
+            look = Look(state, self.desired_now(m, now), ready.get(name, 0),
+                        b.failures if b else 0, restarting.get(name, 0), reason)  # fmt: skip
+            self.history.observe(name, look, now)
+        self.history.forget_others(set(self.catalog.models))
 
     def _desired(self, m: Model, now: float) -> Desired:
         needs = self.needs.options(m)  # its profiles', tried in order

@@ -89,3 +89,52 @@ def test_the_gauges_name_the_largest_users_and_sum_the_rest():
             for i in range(1, 6)] + [{"team": None, "prompt_tokens": 100, "completion_tokens": 0,
                                      "requests": 2}]  # fmt: skip
     assert top(rows, "team", 3) == [("none", 100, 2), ("t5", 10, 1), ("others", 20, 4)]
+
+
+class Sched:
+    """What Readings reads of a scheduler: its lock, catalog names and leadership."""
+
+    def __init__(self, leading=True):
+        import threading
+        from types import SimpleNamespace
+
+        self.lock = threading.RLock()
+        self.catalog = SimpleNamespace(by_alias={"m": "m"})
+        self.leading = lambda: leading
+
+
+def test_the_first_read_takes_the_last_day_and_later_ones_the_newest_minutes(db):
+    from llmgw_scheduler.readings import Readings
+
+    now = [T0]
+    readings = Readings(Sched(), db, 60.0, clock=lambda: now[0])
+    row(T0 - 86000, ttft=10.0)  # nearly a day ago
+    row(T0 - 90000)  # more than a day ago
+    readings.tick()
+    assert readings.traffic.total("m", 0).requests == 1
+    row(T0 + 30)
+    row(T0 - 3000)  # late, but older than the minutes read again: not charted
+    now[0] = T0 + 61
+    readings.tick()
+    traffic, usage, read_at = readings.snapshot()
+    assert traffic.total("m", 0).requests == 2
+    assert read_at == T0 + 61
+    assert [r["key"] for r in usage[("key", "hour")]] == ["k"]
+    assert usage[("key", "day")][0]["requests"] == 3, "the day's rows, the late one too"
+
+
+def test_only_the_leader_publishes_the_usage_gauges(db):
+    from llmgw_scheduler.readings import Readings
+
+    row(T0 - 60)
+    for leading, families in ((True, 2), (False, 0)):
+        readings = Readings(Sched(leading), db, 60.0, clock=lambda: T0)
+        readings.tick()
+        got = list(readings.collect())
+        assert len(got) == families
+    leader = Readings(Sched(), db, 60.0, clock=lambda: T0)
+    leader.tick()
+    tokens, requests = leader.collect()
+    samples = {tuple(s.labels.values()): s.value for s in tokens.samples}
+    assert samples[("key", "k", "hour")] == 15
+    assert {s.labels["window"] for s in requests.samples} == {"hour", "day"}

@@ -122,11 +122,11 @@ def capacity(nodes: list[dict], models: list[dict], replicas: list[dict]) -> str
         parts = sorted(held.get(n["name"], []))
         booked = sum(p[1] for p in parts)
         free = n.get("memory_available")
+        label = f"{size(int(booked))} held by {len(parts)} replica(s) of {size(total)}; " + (
+            "node lost" if free is None else f"the node reports {size(free)} free"
+        )
         if free is not None and total - free > booked:  # the system, other processes
             parts.append(("other use", total - free - booked, OTHER_USE))
-        label = f"{size(int(booked))} held by {len(parts)} replica(s); " + (
-            f"{size(free)} free of {size(total)}" if free is not None else "lost"
-        )
         bar = charts.stack(f"{n['name']} ({n['state']}): memory", total, parts, label, width=760)
         gpus = []
         for g in sorted(n.get("gpus") or [], key=lambda g: g.get("index", -1)):

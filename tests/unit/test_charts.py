@@ -92,6 +92,8 @@ def test_every_series_gets_a_legend_entry_and_its_own_colour():
     strokes = [p["stroke"] for p in svg.elements["polyline"]]
     assert len(set(strokes)) == 2
     assert svg.elements["svg"][0]["data-series"] == "requests,5xx"
+    alone = Svg(charts.line("ttft", [Series("ttft", [(T0, 1.0)] * 2)], T0, T0 + 3600))
+    assert "ttft" not in alone.texts[1:], "one series: the title names it, no legend"
 
 
 def test_names_in_a_chart_are_escaped():

@@ -27,17 +27,17 @@ def traffic() -> Traffic:
 def test_the_overview_draws_requests_ttft_and_tokens_per_second_for_each_model():
     html = page.render([node()], [model("m"), model("idle")], [replica()], NOW, traffic())
     found = charts_of(html)
-    assert {
+    assert set(found) == {
         "m: requests per minute", "m: time to first token, ms (mean per minute)",
-        "m: completion tokens per second", "idle: requests per minute",
-    } <= set(found)  # fmt: skip
+        "m: completion tokens per second",
+    }, "idle had no request: named, not charted"  # fmt: skip
+    assert "No requests in the last hour: idle." in html
     svg = Svg(html)
     lines = {p["data-series"]: p for p in svg.elements["polyline"]}
     assert set(lines) >= {"requests", "5xx", "ttft", "tokens/s"}
     requests = [p for p in svg.elements["polyline"] if p["data-series"] == "requests"][0]
     assert len(points(requests)) == 60, "a point a minute over the hour"
     assert "120 requests, 10 errors (8.3%), time to first token 100 ms" in html
-    assert "no streamed requests" in html, "idle has no time to first token to draw"
 
 
 def test_the_day_window_draws_ten_minute_points_and_the_links_keep_the_window():
@@ -66,9 +66,12 @@ def test_the_capacity_map_fills_each_node_with_the_replicas_holding_it():
         model("big", state="unplaceable", ready=0, replicas=0, desired=1, memory=200 * GiB,
               reason="gpu-1: needs 200 GiB, has 40 GiB"),
         model("coming", state="starting", ready=0, replicas=1, desired=1),
+        model("busy", ready=1, replicas=1, desired=2, memory=GiB,
+              desired_reason="cannot scale up: needs 1.0 GiB, largest free 0.5"),
     ]  # fmt: skip
     replicas = [replica(id="r-1", rss=6 * GiB), replica(id="r-2", rss=GiB)]
     html = page.render_capacity(nodes, models, replicas, NOW)
+    assert "last day" not in html, "the capacity map is of now"
     found = charts_of(html)
     memory = found["gpu-1 (up): memory"]
     assert memory["data-total"] == str(64 * GiB)
@@ -81,7 +84,10 @@ def test_the_capacity_map_fills_each_node_with_the_replicas_holding_it():
     assert found["GPU 1 H100"]["data-used"] == "0"
     assert "m (r-1)" in html
     rows = page_tables(html)["Waiting, not placed"]
-    assert rows == [["big", "unplaceable", "0 of 1", "200 GiB", "gpu-1: needs 200 GiB, has 40 GiB"]]
+    assert rows == [
+        ["big", "unplaceable", "0 of 1", "200 GiB", "gpu-1: needs 200 GiB, has 40 GiB"],
+        ["busy", "serving", "1 of 2", "1 GiB", "cannot scale up: needs 1.0 GiB, largest free 0.5"],
+    ], "not coming: it is placed and starting"
 
 
 def test_the_history_view_draws_each_model_s_states_and_lists_its_events():

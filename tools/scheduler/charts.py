@@ -157,7 +157,8 @@ def line(
             else:
                 parts.append(f'<polyline data-series="{e(s.name)}" points="{pts}" fill="none" '
                              f'stroke="{colour}" stroke-width="1.5"/>')  # fmt: skip
-    for s in reversed(series):  # the legend, right-aligned on the title's line
+    # The legend, right-aligned on the title's line; one series is named by the title.
+    for s in reversed(series if len(series) > 1 else []):
         colour = s.colour or PALETTE[series.index(s) % len(PALETTE)]
         legend_x -= 7 * len(s.name) + 18
         parts.append(

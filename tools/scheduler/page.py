@@ -258,7 +258,8 @@ HERE = ' class="here"'
 
 
 def shell(view: str, window: str, now: float, body: str) -> str:
-    """A whole page: the head, the navigation between the views and windows, `body`."""
+    """A whole page: the head, the navigation between the views and windows (the
+    capacity map is of now: it has none), `body`."""
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now))
     q = "" if window == "hour" else f"?window={window}"
     links = "".join(
@@ -267,7 +268,7 @@ def shell(view: str, window: str, now: float, body: str) -> str:
         for v, label in VIEWS.items()
     )
     here = "/status" + ("" if view == "overview" else f"/{view}")
-    windows = " | ".join(
+    windows = "" if view == "capacity" else " | ".join(
         f"<strong>last {w}</strong>" if w == window
         else f'<a href="{here}{"" if w == "hour" else "?window=" + w}">last {w}</a>'
         for w in panels.WINDOWS
@@ -383,16 +384,16 @@ def serve(handler, view: str = "overview") -> None:
     readings = getattr(sched, "readings", None)
     traffic, reports, read_at = readings.snapshot() if readings else (None, {}, None)
     with sched.lock:
-        v = View(sched)
         now = sched.clock()
         if view == "history":  # drawn under the lock: the history changes at every pass
-            names = sorted(sched.models)
-            return _send(handler, 200, render_history(sched.history, names, window, now))
-        nodes, models, replicas = v.nodes(), v.models(), v.replicas()
+            page = render_history(sched.history, sorted(sched.models), window, now)
+        else:
+            v = View(sched)
+            nodes, models, replicas = v.nodes(), v.models(), v.replicas()
     if view == "capacity":
         page = render_capacity(nodes, models, replicas, now)
     elif view == "usage":
         page = render_usage(reports, read_at, window, now)
-    else:
+    elif view == "overview":
         page = render(nodes, models, replicas, now, traffic, window)
     _send(handler, 200, page)

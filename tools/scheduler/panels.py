@@ -46,15 +46,19 @@ def _ms(v: float | None) -> str:
 
 def traffic(t: Traffic | None, names: list[str], window: str, now: float) -> str:
     """Per model (the catalog's, then any other traffic): requests and errors per minute,
-    mean time to first token, and completion tokens per second, over the window."""
+    mean time to first token, and completion tokens per second, over the window. Models
+    without a request in it are named on one line, not drawn as three flat charts each:
+    a catalog of fifty mostly idle models would bury the busy ones."""
     if t is None or t.read_at is None:
         return '<p class="muted">Traffic is read from the usage rows every minute; not yet.</p>'
     x0, x1, step = _span(window, now)
     shown = [*names, *(m for m in t.models() if m not in names)]
-    rows = []
+    rows, quiet = [], []
     for name in shown:
         total = t.total(name, x0)
-        if name == OTHER and not total.requests:
+        if not total.requests:
+            if name != OTHER:
+                quiet.append(name)
             continue
         per = f"per {'minute' if step == 60 else f'{step // 60} minutes'}"
         charts_html = (
@@ -91,6 +95,9 @@ def traffic(t: Traffic | None, names: list[str], window: str, now: float) -> str
             f'<span class="muted">{e(said)} in the last {window}</span></h3>'
             f'<div class="charts">{charts_html}</div></div>'
         )
+    if quiet:
+        rows.append(f'<p class="quiet">No requests in the last {window}: '
+                    f"{e(', '.join(quiet))}.</p>")  # fmt: skip
     if not rows:
         return '<p class="muted">No models.</p>'
     return "".join(rows) + (
@@ -163,7 +170,7 @@ def waiting(models: list[dict]) -> list[list[str]]:
         if not short_of and m["state"] not in ("unplaceable", "parked"):
             continue
         why = m.get("reason") or m.get("desired_reason") or ""
-        if m["state"] not in ("unplaceable", "parked") and "fits on no node" not in why:
+        if m["state"] not in ("unplaceable", "parked") and not why.startswith("cannot scale up"):
             continue  # on its way: placed and starting
         line = (why.strip().splitlines() or [""])[-1]
         rows.append([

@@ -138,3 +138,15 @@ def test_only_the_leader_publishes_the_usage_gauges(db):
     samples = {tuple(s.labels.values()): s.value for s in tokens.samples}
     assert samples[("key", "k", "hour")] == 15
     assert {s.labels["window"] for s in requests.samples} == {"hour", "day"}
+
+
+def test_a_refresh_of_zero_is_a_config_error_naming_the_key():
+    from llmgw.config import Config
+    from llmgw.errors import ConfigError
+    from llmgw_scheduler.readings import check_refresh
+
+    cfg = Config()
+    check_refresh(cfg)
+    cfg.scheduler.status_refresh_s = 0
+    with pytest.raises(ConfigError, match=r"scheduler.status_refresh_s \(0\) must be > 0"):
+        check_refresh(cfg)

@@ -19,7 +19,7 @@ from llmgw_scheduler.admin import serve as serve_admin
 from llmgw_scheduler.leadership import Leadership, check_timings, store_timeout
 from llmgw_scheduler.loop import Loop
 from llmgw_scheduler.needs import Needs
-from llmgw_scheduler.readings import Readings
+from llmgw_scheduler.readings import Readings, check_refresh
 from llmgw_scheduler.replicator import Replicator
 from llmgw_scheduler.replicator import check_timings as check_replication
 from llmgw_scheduler.service import Scheduler
@@ -64,6 +64,7 @@ def main(config_path):
         # written is its own error, not "cannot serve the admin API".
         token = admin_token(cfg)
         check_replication(cfg)
+        check_refresh(cfg)
         dirs.writable(Path(cfg.paths.state_dir), "the scheduler's state")
     except Error as e:
         raise click.ClickException(str(e)) from None

@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from llmgw import log
 from llmgw import usage as usagemod
+from llmgw.errors import ConfigError
 from llmgw.store import Usage
 from llmgw.worker import Worker
 from llmgw_scheduler.traffic import DAY_S, Minute, Traffic, canonical
@@ -35,6 +36,14 @@ WINDOWS = {"hour": 3600.0, "day": DAY_S}
 BY = ("key", "project", "team")
 # Per `by` and window, the gauges name the largest users; the rest are summed as one.
 GAUGE_TOP = 20
+
+
+def check_refresh(cfg) -> None:
+    """A refresh of 0 or less would read the store in a loop."""
+    if not cfg.scheduler.status_refresh_s > 0:
+        raise ConfigError(
+            f"scheduler.status_refresh_s ({cfg.scheduler.status_refresh_s:g}) must be > 0"
+        )
 
 
 def read_minutes(since: float, by_alias: dict[str, str]) -> dict[int, dict[str, Minute]]:

@@ -9,6 +9,7 @@ a thin client of it; so are agents (the weights mirror) and joining nodes.
 """
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -224,6 +225,22 @@ AUTHENTICATE = {
 }
 
 
+class AdminServer(ThreadingHTTPServer):
+    """A thread per request. A client that gave up before its answer was written (a
+    `llmgw` or a probe that timed out while a handler waited on a store that stopped
+    answering) is no fault of ours: one debug line, not socketserver's traceback, which
+    after a partition filled the log with one per client that had gone."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        e = sys.exc_info()[1]
+        if isinstance(e, ConnectionError):  # BrokenPipeError, ConnectionResetError
+            _log.debug("admin_client_gone", client=client_address[0], reason=type(e).__name__)
+            return
+        super().handle_error(request, client_address)
+
+
 def serve(sched, listen: str, token: str, ssl_context=None, cfg=None,
           bus_auth=None, loop=None, table=ROUTES) -> ThreadingHTTPServer:  # fmt: skip
     """`bus_auth`: the bus's authenticator, told at once of a removed peer; `loop`: the
@@ -233,13 +250,12 @@ def serve(sched, listen: str, token: str, ssl_context=None, cfg=None,
     handler = type("BoundHandler", (Handler,),
                    {"sched": sched, "token": token, "cfg": cfg, "bus_auth": bus_auth,
                     "loop": loop, "routes": table})  # fmt: skip
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
+    server = AdminServer((host or "127.0.0.1", int(port)), handler)
     if ssl_context is not None:
         # The handshake happens on the handler's thread, so a slow client cannot stall
         # accepting the others.
         server.socket = ssl_context.wrap_socket(
             server.socket, server_side=True, do_handshake_on_connect=False
         )
-    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="admin", daemon=True).start()
     return server

@@ -58,6 +58,7 @@ class RouterConfig:
     keepalive_interval_s: float = 5.0
     connect_timeout_s: float = 3.0
     upstream_timeout_s: float = 600.0
+    dead_engine_s: float = 10.0
     retries: int = 2
     cooldown_s: float = 5.0
     key_refresh_s: float = 2.0

@@ -138,8 +138,9 @@ class Fleet:
 
     def add_model(self, name: str, memory: int = GiB, min_: int = 1, max_: int = 1,
                   keep_alive: float = 300.0, **real: str) -> None:  # fmt: skip
-        """A model for the fake engine; `real`: source, engine, version and profile (TOML
-        lines) for another, as REAL_MODEL has for the real llama-server."""
+        """A model for the fake engine; `real`: source (and its sha256), engine, version
+        and profile (TOML lines) for another, as REAL_MODEL has for the real
+        llama-server."""
         self.models.append({"name": name, "memory": memory, "min": min_, "max": max_,
                             "keep_alive": keep_alive, **real})  # fmt: skip
 
@@ -154,7 +155,8 @@ class Fleet:
             memory = f"memory_bytes = {m['memory']}\n" if m["memory"] else ""
             out += (
                 f'[[models]]\nname = "{m["name"]}"\nsource = "{m.get("source", self.weights)}"\n'
-                f'engine = "{m.get("engine", "fake")}"\n'
+                + (f'sha256 = "{m["sha256"]}"\n' if m.get("sha256") else "")
+                + f'engine = "{m.get("engine", "fake")}"\n'
                 f'engine_version = "{m.get("version", "1")}"\n'
                 f"[models.profile]\n{memory}{m.get('profile', '')}"
                 f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"

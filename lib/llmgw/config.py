@@ -41,6 +41,9 @@ class PathsConfig:
 class StoreConfig:
     # Empty means SQLite under paths.state_dir; LLMGW_STORE overrides either.
     url: str = ""
+    # PostgreSQL: the longest a tool waits to connect, and the scheduler and router for
+    # any answer (store/timeouts.py); a scheduler uses step_down_s - renew_s if less.
+    timeout_s: float = 10.0
 
 
 @dataclass
@@ -195,6 +198,12 @@ class SchedulerConfig:
     # A file holding the Hugging Face token that hf:// sources are pulled with, read at
     # each pull (a rotated token needs no restart) and never logged; empty: no token.
     hf_token_file: str = ""
+    # Every scheduler keeps its own copy of the mirror and the releases, copied from a
+    # peer scheduler: what the store names and this one lacks is looked for every
+    # replicate_s; a copy that fails is tried again after replicate_s × 2^(failures
+    # before it), at most replicate_backoff_max_s.
+    replicate_s: float = 5.0
+    replicate_backoff_max_s: float = 300.0
 
 
 @dataclass

@@ -75,7 +75,7 @@ def main(config_path, listen, endpoints):
         _log.warning("no_endpoints", hint="give --endpoint, [[router.endpoints]] or schedulers")
     url = cfg.store_url()
     try:
-        db = open_store(url)
+        db = open_store(url, timeout_s=cfg.store.timeout_s, bounded=True)
         migrate(db)
         db.close()
     except Error as e:

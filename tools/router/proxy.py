@@ -324,21 +324,45 @@ class Proxy:
         waits for the answer to its own want only: an earlier "unplaceable" may be stale
         (room may have been made since), and a fresh one ends the wait at once rather
         than after the whole window. A parked model is answered at once (so is any, with
-        `hurry`, when a fallback may answer sooner than a model that is still starting)."""
+        `hurry`, when a fallback may answer sooner than a model that is still starting),
+        and so is every model while the schedulers are silent (`cut_off`): none of them
+        can start it. The want is sent all the same: it is delivered if the link heals."""
         n = self.feed.want(model) if self.feed is not None else 0
         state, _ = self.table.status(model) or (ModelState.STARTING, "")
         if state == "parked" or self.activation_s <= 0 or hurry or (state, n) == ("unplaceable", 0):
             return False
+        if self.cut_off():
+            return False
 
-        def refused() -> bool:  # our own want answered, and the answer is no
+        def refused() -> bool:  # our own want answered and the answer is no, or cut off
+            if self.cut_off():
+                return True
             answer = self.table.status(model) or (ModelState.STARTING, "")
             return n and self.feed.answered(model) >= n and answer[0] in ("parked", "unplaceable")
 
         return await self.table.wait_served(model, self.activation_s, refused)
 
+    def cut_off(self) -> bool:
+        """Whether this router has heard no scheduler for so long that it cannot have a
+        model started (feed.SILENCE_S); never without a feed."""
+        return self.feed is not None and self.feed.cut_off()
+
     def not_ready(self, model: str, rid: str) -> Answer:
         """A catalog model with no ready replica: wait for one that is coming, or hear at
         once why one will not come."""
+        if self.cut_off():
+            silent = int(self.feed.silent_s())
+            metrics.CONTROL_PLANE_UNREACHABLE.labels(model).inc()
+            return api_error(
+                503,
+                f"The model '{model}' has no ready replica, and this router has not heard"
+                f" from the schedulers for {silent}s, so it cannot start one; models with"
+                " ready replicas are still served.",
+                "server_error",
+                "control_plane_unreachable",
+                rid,
+                retry_after=10,
+            )
         state, reason = self.table.status(model) or (ModelState.STARTING, "")
         if state in ("parked", "unplaceable"):
             why = reason.strip().splitlines()[-1] if reason.strip() else "no reason given"

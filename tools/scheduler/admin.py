@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from llmgw import audit, lease, log, operators
 from llmgw.errors import Conflict, Invalid, NotFound, Refused, TenancyError
 from llmgw.jointokens import TokenRefused
-from llmgw_scheduler import join_api, mirror_api, page, routes
+from llmgw_scheduler import join_api, metrics, mirror_api, page, routes
 from llmgw_scheduler.credentials_api import admin_token, rotate_admin_token, token_path
 from llmgw_scheduler.errors import (
     AgentSilent,
@@ -27,6 +27,7 @@ from llmgw_scheduler.errors import (
     NotLeader,
     NotWritten,
     Unauthorized,
+    Unavailable,
 )
 from llmgw_scheduler.fleet_api import View
 from llmgw_scheduler.routes import ROUTES, Access
@@ -70,6 +71,7 @@ class Handler(BaseHTTPRequestHandler):
     url = None  # the request's path and query, split
     q: dict[str, str] = {}  # the query, each name's last value
     route = None
+    params: dict[str, str] = {}  # the route's path params
     who = None  # who the route's access check says the caller is
     body = None  # the JSON object, for a route that takes one
 
@@ -95,9 +97,10 @@ class Handler(BaseHTTPRequestHandler):
         self.url = urlsplit(self.path)
         self.q = {k: v[-1] for k, v in parse_qs(self.url.query).items()}
         self.route = self.who = self.body = self._json = None
+        self.params = {}
         parts = [unquote(p) for p in self.url.path.strip("/").split("/")]
         try:
-            self.route, params = routes.match(self.routes, method, self.url.path, parts)
+            self.route, self.params = routes.match(self.routes, method, self.url.path, parts)
             self.who = AUTHENTICATE[self.route.access](self)
             if self.who is None:
                 return  # answered already: the page's 401 or its redirect
@@ -105,10 +108,14 @@ class Handler(BaseHTTPRequestHandler):
                 self._refuse_standby()
             if self.route.body:
                 self.body = self.json_body()
-            reply = self.route.handler(self, **params)
+            reply = self.route.handler(self, **self.params)
         except MethodNotAllowed as e:
             return self._error(405, e.code, str(e), {"Allow": ", ".join(e.allow)})
+        except Unavailable as e:
+            return self._error(503, e.code, str(e), {"Retry-After": str(round(e.retry_after))})
         except Refused as e:
+            if isinstance(e, Unauthorized):  # counted, never written: see audit_refusal
+                metrics.ADMIN_UNAUTHENTICATED.labels(self.route.access.value).inc()
             return self._error(status_of(e), e.code, str(e))
         except TenancyError as e:
             return self._error(TENANCY_STATUS.get(e.kind, 400), f"tenancy_{e.kind}", str(e))
@@ -145,9 +152,9 @@ class Handler(BaseHTTPRequestHandler):
         if who is None:
             raise Unauthorized("missing or wrong admin token")
         if self.route.access is Access.ADMIN and not who.may_change():
-            raise Forbidden(
-                f"operator '{who.name}' has the {who.role} role: changes need an admin token"
-            )
+            why = f"operator '{who.name}' has the {who.role} role: changes need an admin token"
+            self.audit_refusal(who, why)
+            raise Forbidden(why)
         return who
 
     def anyone(self) -> operators.Who:
@@ -212,12 +219,37 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:  # the store is down: the journal keeps the change
             _log.error("audit_write_failed", action=action, target=target, reason=str(e)[:200])
 
+    def audit_refusal(self, who: operators.Who, why: str) -> None:
+        """Keep a change an operator's good token may not make (a `read` token's): who
+        tried it, from where, what (the route's audit action with `_refused`, the request
+        line) and why not. Only an authenticated operator's: a missing or wrong token is
+        counted in llmgw_admin_unauthenticated_total and never written, so whoever has no
+        token cannot fill the store; an operator who floods it is named in every row."""
+        declared = self.route.audit
+        action = (declared[0] if declared else "change") + "_refused"
+        target = "/".join(self.params.values())
+        client = self.client_address[0]
+        detail = {
+            "refused": "forbidden",
+            "role": who.role,
+            "request": f"{self.command} {self.url.path}"[:300],
+            "reason": why,
+            "claimed": self.headers.get("X-Llmgw-Actor", "")[:200] or None,
+        }
+        _log.warning("admin_change_refused", action=action, target=target or None,
+                     actor=who.name, client=client, role=who.role)  # fmt: skip
+        try:
+            audit.record(action, who.name, client, target, **detail)
+        except Exception as e:  # the store is down: the journal keeps the attempt
+            _log.error("audit_write_failed", action=action, target=target, reason=str(e)[:200])
+
 
 # Each access kind's check: the caller's Who, Unauthorized/Forbidden/TokenRefused, or
 # None once it has answered itself (the page's HTML).
 AUTHENTICATE = {
     Access.PUBLIC: Handler.anyone,
     Access.NODE: mirror_api.authenticate,
+    Access.PEER: mirror_api.authenticate_peer,
     Access.JOIN: join_api.authenticate,
     Access.PAGE: page.authenticate,
     Access.READ: Handler.operator,

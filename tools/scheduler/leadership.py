@@ -40,6 +40,17 @@ def check_timings(cfg) -> None:
         )
 
 
+def store_timeout(cfg) -> float:
+    """How long this scheduler waits on the store: store.timeout_s, or step_down_s -
+    renew_s if less. A renewal sent renew_s after the last one then fails by the time
+    the leader must stop acting, rather than hanging for minutes on a store that
+    stopped answering: the lease worker is free to stand by, and comes back as soon as
+    the store answers. A standby's attempts are bounded alike, so it is ready to take
+    over when the lease runs out."""
+    s = cfg.scheduler
+    return max(0.5, min(cfg.store.timeout_s, s.step_down_s - s.renew_s))
+
+
 def _alive_here(holder: str) -> bool:
     """Whether a holder id (name/host/pid/nonce) names a live process on this host."""
     parts = holder.split("/")

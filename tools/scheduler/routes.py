@@ -36,6 +36,7 @@ class Access(StrEnum):
 
     PUBLIC = "public"  # anyone: the cluster CA's certificate, public anyway
     NODE = "node"  # a registered node: X-Llmgw-Node and HMAC(cluster secret, name)
+    PEER = "peer"  # another scheduler: X-Llmgw-Scheduler and its HMAC (mirror.peer_token)
     JOIN = "join"  # a node joining: the one-time join token in the body, over HTTPS
     PAGE = "page"  # any operator from a browser: a bearer token, the cookie or ?token=
     READ = "read"  # any operator's bearer token (read or admin)
@@ -43,7 +44,7 @@ class Access(StrEnum):
 
 
 # Who is not an operator: the routes that operators' tokens do not open.
-NOT_OPERATORS = (Access.PUBLIC, Access.NODE, Access.JOIN)
+NOT_OPERATORS = (Access.PUBLIC, Access.NODE, Access.PEER, Access.JOIN)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/join", Access.JOIN, join_api.join, body=True,
           audit=("nodes.join", "nodes.join_refused")),
     Route("GET", "/v1/mirror/blobs/{sha256}", Access.NODE, mirror_api.blob),
+    # For the other schedulers, copying what they lack (replicator.py), on a standby too.
+    Route("GET", "/v1/replication/blobs/{sha256}", Access.PEER, mirror_api.peer_blob),
+    Route("GET", "/v1/replication/releases/{filename}", Access.PEER, releases_api.peer_file),
     # Reads: any operator, on a standby too.
     read("/v1/status", fleet_api.status),
     read("/v1/nodes", fleet_api.nodes),

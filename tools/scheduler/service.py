@@ -64,6 +64,7 @@ class Scheduler:
         self.needs = needs
         self.clock = clock
         self.leadership = leadership  # for the admin API's status: the lease, the store
+        self.replicator = None  # copies the mirror and releases from peers (main sets it)
         self.role = Role(leadership)
         self.leading = self.role.leading
         self.flags = Flags()
@@ -232,6 +233,20 @@ class Scheduler:
     def undrain(self, node: str) -> None:
         self.known_node(node)
         self.drains.undrain(node)
+
+    def forget_node(self, node: str) -> None:
+        """A node removed from the store (`llmgw nodes remove`, here or on the other
+        scheduler, or `--store`): gone from the inventory, its drain and every count, so
+        it is not shown `lost` a minute later nor counted at a takeover. Its replicas go
+        with it; the next pass replaces what the catalog still wants."""
+        if node in self.registered_nodes:  # not "never seen" until the next refresh
+            self.registered_nodes = [n for n in self.registered_nodes if n != node]
+        if node not in self.inv.nodes and node not in self.drains.drained:
+            return
+        gone = self.inv.forget_node(node)
+        self.drains.drained.pop(node, None)  # its row went with the peer's (peers.remove)
+        self.flags.routes_dirty = self.flags.wake = True
+        _log.info("node_forgotten", node=node, replicas=len(gone))
 
     def connected(self, node: str) -> None:
         """NotFound unless `node` has reported and is not lost."""

@@ -19,6 +19,7 @@ import requests
 
 from llmgw import operators
 from llmgw.config import OidcConfig
+from llmgw_ctl import logins
 from llmgw_scheduler import admin
 from llmgw_scheduler.signon import SignOn
 from tests.fake_fleet import Fleet, model
@@ -284,6 +285,22 @@ def test_llmgw_login_takes_a_pasted_token_and_keeps_none_that_gives_no_role(site
     assert json.loads(login_file(site).read_text())[site.base]["id_token"] == bob, "kept bob's"
     out = ctl(site, "login", "--token", stdin="not-a-token\n")
     assert out.returncode == 1 and "not an ID token" in out.stderr
+
+
+def test_a_kept_token_near_its_end_is_renewed_with_its_refresh_token_or_the_operator_told(site):
+    token = device_token(site.op, "ada", scope="openid email groups offline_access")
+    settings = {"issuer": site.op.issuer, "client_id": "llmgw-cli"}
+    entry = logins.entry_for(token["id_token"], token, settings, {"name": "ada@example.org"})
+    logins.save(site.base, {**entry, "expires_at": time.time()})  # about to end
+    out = ctl(site, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    kept = json.loads(login_file(site).read_text())[site.base]
+    assert kept["id_token"] != token["id_token"] and kept["expires_at"] > time.time() + 600
+
+    logins.save(site.base, {**kept, "refresh_token": None, "expires_at": time.time() - 1})
+    out = ctl(site, "status")
+    assert out.returncode == 1
+    assert "your sign-on as ada@example.org" in out.stderr and "run `llmgw login`" in out.stderr
 
 
 # -- the real scheduler ---------------------------------------------------------------------

@@ -37,7 +37,8 @@ from llmgw_ctl.weights import weights
     "admin_token",
     envvar="LLMGW_ADMIN_TOKEN",
     metavar="TOKEN",
-    help="Admin API token (default scheduler.admin_token, else <config_dir>/secrets/admin.token).",
+    help="Admin API token (default: the ID token `llmgw login` kept for the admin URL, else"
+    " scheduler.admin_token, else <config_dir>/secrets/admin.token).",
 )
 @cli_common.version_option
 @click.pass_context

@@ -161,9 +161,10 @@ def signed_in(who: Who | None) -> str:
     if who is None or who.via != oidc.VIA:
         return ""
     return (
-        f'<p class="muted">signed in as {e(who.name)} ({e(who.role)}) '
+        # A div, not a p: a form inside a paragraph ends it, and the button drops a line.
+        f'<div class="muted">signed in as {e(who.name)} ({e(who.role)}) '
         '<form class="signout" method="post" action="/logout">'
-        "<button>sign out</button></form></p>"
+        "<button>sign out</button></form></div>"
     )
 
 

@@ -152,7 +152,22 @@ def test_a_discovery_document_for_another_issuer_is_not_trusted():
         p.metadata()
 
 
-def test_an_unreachable_provider_is_said_so_and_tried_again_next_time():
+def test_an_unreachable_provider_is_said_so_and_asked_again_at_the_next_token():
+    answers = [oidc.ProviderUnavailable("cannot read it"), {"issuer": ISSUER, "jwks_uri": "k"}]
+
+    def get(url):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    p = oidc.Provider(ISSUER, get=get)
+    with pytest.raises(oidc.ProviderUnavailable, match="cannot read it"):
+        p.metadata()
+    assert p.metadata()["jwks_uri"] == "k"
+
+
+def test_a_provider_that_does_not_answer_is_named_with_the_reason():
     p = oidc.Provider("http://127.0.0.1:9")  # discard: nothing listens
     with pytest.raises(oidc.ProviderUnavailable, match="cannot read http://127.0.0.1:9/"):
         p.metadata()

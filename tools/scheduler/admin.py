@@ -145,7 +145,7 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 return self.signon.identify(token)
             except oidc.SignOnError as e:
-                _log.warning("signon_token_refused", reason=str(e)[:300],
+                _log.info("signon_token_refused", reason=str(e)[:300],
                              client=self.client_address[0])  # fmt: skip
                 raise
         try:

@@ -15,6 +15,7 @@ by their trace id (so the router, the scheduler and vLLM agree on a trace).
 import contextlib
 import logging
 import os
+import random
 import socket
 import threading
 
@@ -40,6 +41,10 @@ EXPORT_FAILURES = Counter(
 tracer = None
 _processor = None
 _propagator = None
+_ids = None  # the provider's id generator (_Ids)
+_bound = 0  # a root whose trace id's low 64 bits are below this is sampled
+_LOW64 = (1 << 64) - 1
+_NO_PARENT = None  # an empty Context: a root's, whatever is current
 
 # The longest one export to the collector may take, retries included: the exporter's
 # thread is all it holds up, but a router that stops waits for it (up to `shutdown`'s).
@@ -65,7 +70,7 @@ def check(cfg) -> None:
 def setup(cfg, service: str, exporter=None) -> bool:
     """Start tracing as `cfg` ([tracing]) says, as `service`; whether it is on.
     `exporter`: a test's, instead of OTLP to cfg.endpoint."""
-    global tracer, _processor, _propagator
+    global tracer, _processor, _propagator, _ids, _bound, _NO_PARENT
     check(cfg)
     if not cfg.endpoint and exporter is None:
         return False
@@ -86,12 +91,16 @@ def setup(cfg, service: str, exporter=None) -> bool:
             "service.instance.id": f"{socket.gethostname()}:{os.getpid()}",
         }
     )
-    provider = TracerProvider(
-        resource=resource, sampler=ParentBased(TraceIdRatioBased(cfg.sample_rate))
-    )
+    sampler = TraceIdRatioBased(cfg.sample_rate)
+    _bound = sampler.bound
+    _ids = _Ids()
+    provider = TracerProvider(resource=resource, sampler=ParentBased(sampler), id_generator=_ids)
     _processor = Queue(exporter, cfg.queue_size, cfg.endpoint)
     provider.add_span_processor(_processor)
     _propagator = TraceContextTextMapPropagator()
+    from opentelemetry.context import Context
+
+    _NO_PARENT = Context()
     tracer = provider.get_tracer("llmgw", __version__)
     _log.info("tracing", endpoint=cfg.endpoint or "test", sample_rate=cfg.sample_rate,
               service=cfg.service_name or service)  # fmt: skip
@@ -105,6 +114,19 @@ def shutdown(timeout_s: float = 2.0) -> None:
     processor, _processor, tracer = _processor, None, None
     if processor is not None:
         processor.shutdown(timeout_s)
+
+
+def root(name: str, kind):
+    """A span with no parent: the SDK's if the sampler takes its trace id, else an
+    `Unsampled` that names it and records nothing. The sampler's rule applied here
+    first (the SDK's TraceIdRatioBased: the trace id's low 64 bits under the bound),
+    because the SDK makes a span object, ids and a context for every request the
+    sampler leaves out, ~6 µs each (bench/TRACING.md)."""
+    trace_id = random.getrandbits(128) or 1
+    if trace_id & _LOW64 >= _bound:
+        return Unsampled(trace_id, random.getrandbits(64) or 1)
+    _ids.next.trace_id = trace_id  # the SDK's span takes this id, and samples it alike
+    return tracer.start_span(name, context=_NO_PARENT, kind=kind)
 
 
 def parent(headers):
@@ -135,6 +157,49 @@ def done(name: str, began_ns: int, attributes: dict) -> None:
         return
     s = tracer.start_span(name, start_time=began_ns, attributes=attributes)
     s.end()
+
+
+class Unsampled:
+    """A root the sampler left out: its ids go on to the engine (flags 00, so it leaves
+    the request out too), and nothing is recorded or exported."""
+
+    __slots__ = ("trace_id", "span_id")
+    trace_flags = 0
+    trace_state = None
+
+    def __init__(self, trace_id: int, span_id: int):
+        self.trace_id, self.span_id = trace_id, span_id
+
+    def get_span_context(self):
+        return self
+
+    def is_recording(self) -> bool:
+        return False
+
+    def end(self, end_time=None) -> None:
+        pass
+
+
+class _Ids:
+    """The SDK's random ids, but a root's trace id is the one `root` drew, when it set
+    one (per thread: the scheduler starts spans on several)."""
+
+    def __init__(self):
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+        self.random = RandomIdGenerator()
+        self.next = threading.local()
+        self.generate_span_id = self.random.generate_span_id
+
+    def is_trace_id_random(self) -> bool:  # W3C's "random" flag: they are
+        return True
+
+    def generate_trace_id(self) -> int:
+        drawn = getattr(self.next, "trace_id", 0)
+        if drawn:
+            self.next.trace_id = 0
+            return drawn
+        return self.random.generate_trace_id()
 
 
 class _Off:

@@ -62,15 +62,14 @@ def test_a_streamed_chat_is_one_trace_from_its_caller_through_the_router_to_the_
 
     def complete(rec):
         names = sorted(s.name for s in rec.trace(TRACE))
-        return names == ["chat m", "llmgw.admission", "llmgw.attempt", "llmgw.stream"] and names
+        return names == ["chat m", "llmgw.attempt", "llmgw.stream"] and names
 
-    receiver.wait(complete, what="the request's four spans")
+    receiver.wait(complete, what="the request's three spans")
     spans = {s.name: s for s in receiver.trace(TRACE)}
     req, attempt, stream = spans["chat m"], spans["llmgw.attempt"], spans["llmgw.stream"]
 
     # The structure: the caller's span, the request's, and its children.
     assert (req.parent_id, req.kind, req.service) == (CALLER, "SERVER", "llmgw-router")
-    assert spans["llmgw.admission"].parent_id == req.span_id
     assert (attempt.parent_id, attempt.kind) == (req.span_id, "CLIENT")
     assert stream.parent_id == attempt.span_id
     assert req.start_ns <= attempt.start_ns <= stream.start_ns
@@ -91,13 +90,13 @@ def test_a_streamed_chat_is_one_trace_from_its_caller_through_the_router_to_the_
     # The engine attempt: where it went, and that the engine heard which attempt it was.
     (replica,) = [x for x in c.admin("/v1/replicas") if x["model"] == "m"]
     assert attempt.attributes["llmgw.replica.id"] == replica["id"] == row.endpoint
-    assert attempt.attributes["url.full"] == replica["endpoint"]
+    assert replica["endpoint"].endswith(f":{attempt.attributes['server.port']}")
     assert attempt.attributes["http.response.status_code"] == 200
     heard = requests.get(replica["endpoint"] + "/_stats", timeout=5).json()["last_headers"]
     version, trace_id, parent, flags = heard["traceparent"].split("-")
     assert (version, trace_id, parent) == ("00", TRACE, attempt.span_id)
     assert int(flags, 16) & 1, "the engine was told the trace is sampled"
-    assert [name for name, _ in stream.events] == ["gen_ai.first_token"]
+    assert stream.attributes["llmgw.stream.ended"] is True
 
     # The scheduler: its admin requests, and the pass that started the replica.
     token = (c.etc / "secrets" / "admin.token").read_text().strip()

@@ -200,8 +200,7 @@ class Call(Relay):
         line that makes the engine's work its child (or the request's, if not sampled)."""
         span = self.trace
         if span.is_recording():
-            op = traces.OPERATIONS.get(self.route.path, self.route.path)
-            self.attempt = span = traces.attempt(span, ep, self.model, n, op)
+            self.attempt = span = traces.attempt(span, ep, n)
         return traces.traceparent_line(span)
 
     def _attempt_done(self, status: int | None) -> None:
@@ -211,11 +210,11 @@ class Call(Relay):
 
     async def _traced_stream(self, upstream) -> Answer | Stream | None:
         """The stream relayed, in a span of its own under the attempt's."""
-        stream = traces.StreamSpan(self.attempt)
+        stream = traces.stream(self.attempt)
         try:
             return await self._relay_stream(upstream)
         finally:
-            stream.done(self)
+            traces.stream_done(stream, self)
 
     async def _hold(self, ep: Endpoint, key) -> None:
         """Wait for the request evaluating this prompt on `ep` to end (prefix.hold)."""

@@ -133,7 +133,8 @@ class Proxy:
         except ApiError as e:
             resp = count(e.answer(rid), "", route.path)
             if span is not None:
-                traces.refused(span, resp.status)
+                op = traces.OPERATIONS.get(route.path, route.path)
+                traces.refused(span, op, route.path, rid, resp.status)
             return resp
         policy = self.policies.policy(key)
         ticket = Ticket(rid, key.id, policy.who, t0, route.path)
@@ -274,13 +275,14 @@ class Proxy:
             if deadline is None:
                 deadline = time.monotonic() + self.queue_deadline_s
             wait = deadline - time.monotonic() if last or first else 0.0
-            traced = ticket.traced
-            waiting = traces.admission(traced, name, band) if traced is not None else None
             # enter_now first: the usual case, a free slot, needs no coroutine.
-            queued = not self.admission.enter_now(name)
-            admitted = not queued or await self.admission.enter(name, band, wait)
-            if waiting is not None:
-                traces.admitted(waiting, queued, admitted)
+            admitted = self.admission.enter_now(name)
+            if not admitted:
+                t = ticket.traced
+                queue = t and traces.admission(t, name, self.admission, band)
+                admitted = await self.admission.enter(name, band, wait)
+                if queue is not None:
+                    traces.admitted(queue, admitted)
             if not admitted:
                 err = err if err is not None else ticket.fail(saturated(name, ticket.rid))
                 self._fell_back(ticket.model, names, i, "saturated")
@@ -462,9 +464,10 @@ class Proxy:
         ep = call.endpoint if call is not None else None
         if ticket.traced is not None:
             engine = (ep.engine if ep is not None else "") or (info.engine if info else "")
-            traces.accounted(ticket.traced, traces.OPERATIONS.get(ticket.api, ticket.api or ""),
+            path = ticket.api or ""
+            traces.accounted(ticket.traced, traces.OPERATIONS.get(path, path), path, ticket.rid,
                              requested, served, engine, status, prompt, completion, cached,
-                             ttft, ep)  # fmt: skip
+                             ttft)  # fmt: skip
         who = ticket.who
         self.usage.record(
             UsageRow(

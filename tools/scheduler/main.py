@@ -22,6 +22,7 @@ from llmgw_scheduler.needs import Needs
 from llmgw_scheduler.replicator import Replicator
 from llmgw_scheduler.replicator import check_timings as check_replication
 from llmgw_scheduler.service import Scheduler
+from llmgw_scheduler.signon import SignOn
 from llmgw_scheduler.usage_check import UsageCheck
 
 _log = log.get("llmgw.scheduler")
@@ -63,6 +64,7 @@ def main(config_path):
         # Made (or read) here, not where the port is bound: a token that cannot be
         # written is its own error, not "cannot serve the admin API".
         token = admin_token(cfg)
+        signon = SignOn(cfg.oidc) if cfg.oidc.issuer else None
         check_replication(cfg)
         dirs.writable(Path(cfg.paths.state_dir), "the scheduler's state")
     except Error as e:
@@ -100,6 +102,7 @@ def main(config_path):
             cfg=cfg,
             bus_auth=loop.auth,
             loop=loop,
+            signon=signon,
         )
     except OSError as e:
         loop.close()

@@ -365,6 +365,20 @@ class UsageConfig:
 
 
 @dataclass
+class TracingConfig:
+    # Where OpenTelemetry traces go: an OTLP/gRPC collector, e.g. "http://collector:4317"
+    # ("https://" for TLS). Empty: no tracing at all, and nothing of it is made.
+    endpoint: str = ""
+    # The share of requests (admin requests, placement passes) traced, 0 to 1. A request
+    # whose traceparent says its caller traced it is traced whatever this says.
+    sample_rate: float = 0.1
+    # The service.name spans carry; empty: the tool's own (llmgw-router, llmgw-scheduler).
+    service_name: str = ""
+    # Spans waiting for the exporter, at most: past it they are dropped and counted.
+    queue_size: int = 2048
+
+
+@dataclass
 class ModelConfig:
     name: str = ""
     aliases: list[str] = field(default_factory=list)
@@ -397,6 +411,7 @@ class Config:
     backup: BackupConfig = field(default_factory=BackupConfig)
     usage: UsageConfig = field(default_factory=UsageConfig)
     oidc: OidcConfig = field(default_factory=OidcConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     models: list[ModelConfig] = field(default_factory=list)
     source: str = ""  # the file this came from, "" for built-in defaults
 

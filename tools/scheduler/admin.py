@@ -14,7 +14,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from llmgw import audit, lease, log, oidc, operators
+from llmgw import audit, lease, log, oidc, operators, tracing
 from llmgw.errors import Conflict, Invalid, NotFound, Refused, TenancyError
 from llmgw.jointokens import TokenRefused
 from llmgw_scheduler import join_api, metrics, mirror_api, page, routes
@@ -75,24 +75,51 @@ class Handler(BaseHTTPRequestHandler):
     params: dict[str, str] = {}  # the route's path params
     who = None  # who the route's access check says the caller is
     body = None  # the JSON object, for a route that takes one
+    status_sent = None  # the status answered, for the request's span
 
     def log_message(self, fmt, *args):  # the audit of changes is logged by the scheduler
         pass
 
     def do_GET(self):
-        self._dispatch("GET")
+        self._traced("GET")
 
     def do_POST(self):
-        self._dispatch("POST")
+        self._traced("POST")
 
     def do_DELETE(self):
-        self._dispatch("DELETE")
+        self._traced("DELETE")
 
     def do_PUT(self):
-        self._dispatch("PUT")
+        self._traced("PUT")
 
     def do_PATCH(self):
-        self._dispatch("PATCH")
+        self._traced("PATCH")
+
+    def _traced(self, method: str) -> None:
+        """The request, in a span of its own while tracing is on (llmgw.tracing): named
+        for its route, the child of the caller's traceparent, with its status."""
+        if tracing.tracer is None:
+            return self._dispatch(method)
+        self.status_sent = None
+        with tracing.span(method, self.headers, server=True) as span:
+            self._dispatch(method)
+            if span.is_recording():
+                route = self.route.path if self.route is not None else ""
+                span.update_name(f"{method} {route}" if route else method)
+                attrs = {"http.request.method": method, "url.path": urlsplit(self.path).path}
+                if route:
+                    attrs["http.route"] = route
+                if self.status_sent is not None:
+                    attrs["http.response.status_code"] = self.status_sent
+                    if self.status_sent >= 500:
+                        attrs["error.type"] = str(self.status_sent)
+                if self.who is not None and self.who.name:
+                    attrs["llmgw.operator"] = self.who.name
+                span.set_attributes(attrs)
+
+    def send_response(self, code, message=None):
+        self.status_sent = code  # for the request's span
+        super().send_response(code, message)
 
     def _dispatch(self, method: str) -> None:
         self.url = urlsplit(self.path)

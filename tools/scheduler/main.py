@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from prometheus_client import start_http_server
 
-from llmgw import bus, catalog, cli, dirs, log, tls
+from llmgw import bus, catalog, cli, dirs, log, tls, tracing
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import ClusterSecret, migrate, open_store, redact
@@ -54,6 +54,7 @@ def main(config_path):
         extra = {e.name for e in cfg.agent.engines}
         models = catalog.load(cfg.models, extra_engines=extra)
         check_timings(cfg)
+        tracing.check(cfg.tracing)
         db = open_store(cfg.store_url(), timeout_s=store_timeout(cfg), bounded=True)
         migrate(db)
         secret = cluster_secret()
@@ -69,6 +70,7 @@ def main(config_path):
     except Error as e:
         raise click.ClickException(str(e)) from None
     log.setup("llmgw-scheduler", cfg.log.level)
+    tracing.setup(cfg.tracing, "llmgw-scheduler")  # admin requests and placement passes
     needs = Needs(Path(cfg.paths.state_dir) / "weights")
     needs.load_measured()
     needs.load_mirrored()
@@ -139,6 +141,7 @@ def main(config_path):
         admin.shutdown()
         loop.close()
         leadership.stop()  # hands the lease over at once
+        tracing.shutdown()
     _log.info("stopped")
 
 

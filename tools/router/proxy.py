@@ -133,8 +133,8 @@ class Proxy:
         except ApiError as e:
             resp = count(e.answer(rid), "", route.path)
             if span is not None:
-                op = traces.OPERATIONS.get(route.path, route.path)
-                traces.refused(span, op, route.path, rid, resp.status)
+                traces.refused(span, traces.OPERATIONS.get(route.path, route.path), route.path,
+                               rid, resp.status)  # fmt: skip
             return resp
         policy = self.policies.policy(key)
         ticket = Ticket(rid, key.id, policy.who, t0, route.path)

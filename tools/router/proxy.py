@@ -133,8 +133,7 @@ class Proxy:
         except ApiError as e:
             resp = count(e.answer(rid), "", route.path)
             if span is not None:
-                traces.refused(span, traces.OPERATIONS.get(route.path, route.path), route.path,
-                               rid, resp.status)  # fmt: skip
+                traces.refused(span, route.path, rid, resp.status)
             return resp
         policy = self.policies.policy(key)
         ticket = Ticket(rid, key.id, policy.who, t0, route.path)

@@ -155,7 +155,11 @@ def accounted(span, op: str, path: str, rid: str, requested: str, served, engine
 def refused(span, path: str, rid: str, status: int) -> None:
     """A request answered before it was read (no key): its status, and the span ends."""
     if span.is_recording():
-        attrs = {"gen_ai.operation.name": OPERATIONS.get(path, path), "url.path": path, "llmgw.request_id": rid}
+        attrs = {
+            "gen_ai.operation.name": OPERATIONS.get(path, path),
+            "url.path": path,
+            "llmgw.request_id": rid,
+        }
         attrs["http.response.status_code"] = status
         span.set_attributes(attrs)
     span.end()

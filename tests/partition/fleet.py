@@ -24,6 +24,7 @@ from tests.system.conftest import BROKEN_CMD, GiB, read_shards, toml_list
 
 from .net import Host, Network
 
+STAMP = Path(__file__).with_name("stamp.py")  # each log line with its time (journald's)
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_PORT = 5432
 BUS, PUB, ADMIN, METRICS, ROUTER = 7070, 7071, 8081, 9071, 8080
@@ -34,7 +35,8 @@ ENGINE_CMD = [sys.executable, str(ROOT / "tests" / "fake_engine.py"), "--host", 
 
 # Short timeouts (as tests/system/conftest.py has), so a scenario takes tens of seconds:
 # a node is lost 3 s after its last heartbeat; a leader's lease lasts 3 s.
-LEASE = "lease_s = 3.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
+LEASE_S, STEP_DOWN_S = 3.0, 2.0
+LEASE = f"lease_s = {LEASE_S}\nrenew_s = 0.5\nstep_down_s = {STEP_DOWN_S}\nstandby_retry_s = 0.3\n"
 NODE_LOST_S = 3.0
 
 # The real engine and model of tests/e2e (llama-server from `make engine`'s cache, Gemma
@@ -94,6 +96,10 @@ class Fleet:
             out += [p.read_text(errors="replace") for p in sorted(self.dir(name).glob("*.log"))]
         return "".join(out)
 
+    def logs_apart(self, name: str) -> list[str]:
+        """Each process's log on this host, earlier starts first."""
+        return [p.read_text(errors="replace") for p in sorted(self.dir(name).glob("*.log"))]
+
     # -- PostgreSQL ------------------------------------------------------------------------
 
     def start_pg(self) -> None:
@@ -132,8 +138,9 @@ class Fleet:
 
     def add_model(self, name: str, memory: int = GiB, min_: int = 1, max_: int = 1,
                   keep_alive: float = 300.0, **real: str) -> None:  # fmt: skip
-        """A model for the fake engine; `real`: source, engine, version and profile (TOML
-        lines) for another, as REAL_MODEL has for the real llama-server."""
+        """A model for the fake engine; `real`: source (and its sha256), engine, version
+        and profile (TOML lines) for another, as REAL_MODEL has for the real
+        llama-server."""
         self.models.append({"name": name, "memory": memory, "min": min_, "max": max_,
                             "keep_alive": keep_alive, **real})  # fmt: skip
 
@@ -148,7 +155,8 @@ class Fleet:
             memory = f"memory_bytes = {m['memory']}\n" if m["memory"] else ""
             out += (
                 f'[[models]]\nname = "{m["name"]}"\nsource = "{m.get("source", self.weights)}"\n'
-                f'engine = "{m.get("engine", "fake")}"\n'
+                + (f'sha256 = "{m["sha256"]}"\n' if m.get("sha256") else "")
+                + f'engine = "{m.get("engine", "fake")}"\n'
                 f'engine_version = "{m.get("version", "1")}"\n'
                 f"[models.profile]\n{memory}{m.get('profile', '')}"
                 f"[models.scaling]\nmin = {m['min']}\nmax = {m['max']}\n"
@@ -174,7 +182,9 @@ class Fleet:
     def _start(self, name: str, tool: str, cfg: Path, health: str = "") -> Proc:
         keep_log(self.log(name))
         proc = Proc(
-            self.net[name].exec([str(BIN / tool), "--config", str(cfg)]),
+            self.net[name].exec(
+                [sys.executable, str(STAMP), str(BIN / tool), "--config", str(cfg)]
+            ),
             self.log(name),
             env={"LLMGW_STORE": self.store, "LLMGW_CONFIG": str(cfg)},
             health=health,

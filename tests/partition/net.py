@@ -10,6 +10,7 @@ Faults:
 - cut(a, b): packets between a and b are dropped, silently, as by a dead switch port: an
   nftables rule on each host's input drops the other's address (a drop on output would
   fail the sender's syscall at once, which no real partition does). oneway: a→b only.
+- split(side, other) / join(side, other): every pair across two groups at once.
 - link_down(host): the host's cable pulled (its veth down); link_up puts it back.
 - slow(host, rate): a token bucket (tc tbf) each way on the host's veth pair.
 
@@ -121,6 +122,33 @@ class Network:
             if (src, dst) in self._cuts:
                 self._drop(dst, src, "delete")
                 self._cuts.discard((src, dst))
+
+    def split(self, side: tuple[str, ...], other: tuple[str, ...]) -> None:
+        """Cut every host of `side` from every host of `other`, as a broken link between
+        two switches would: one nftables command per host."""
+        self._between(other, side, "add")
+        self._between(side, other, "add")
+
+    def join(self, side: tuple[str, ...], other: tuple[str, ...]) -> None:
+        """Heal a split so that each host of `side` gets every path back at once, as when
+        the link between the switches comes back: first `other` hears `side` again, then
+        each host of `side` hears all of `other` in one command. Healed pair by pair, a
+        router that heard a scheduler again got a routing table with engines it could not
+        reach yet, which no real link does."""
+        self._between(other, side, "delete")
+        self._between(side, other, "delete")
+
+    def _between(self, hosts: tuple[str, ...], sources: tuple[str, ...], verb: str) -> None:
+        for at in hosts:
+            todo = [src for src in sources if ((src, at) in self._cuts) == (verb == "delete")]
+            if not todo:
+                continue
+            addrs = ", ".join(self.addr if src == "client" else self.hosts[src].addr
+                              for src in todo)  # fmt: skip
+            sh(*self.hosts[at].exec(["nft", verb, "element", "inet", "lgw", "drop_from",
+                                     f"{{ {addrs} }}"]))  # fmt: skip
+            for src in todo:
+                (self._cuts.add if verb == "add" else self._cuts.discard)((src, at))
 
     def heal_all(self) -> None:
         for src, dst in list(self._cuts):

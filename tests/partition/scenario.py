@@ -28,7 +28,7 @@ import psycopg2
 from tests.chaos.traffic import Traffic
 from tests.helpers import eventually
 
-from .fleet import Fleet
+from .fleet import LEASE_S, STEP_DOWN_S, Fleet
 from .report import TABLES, LeaderWatch, Result, table
 
 
@@ -41,7 +41,8 @@ class Scenario:
             tag=request.node.name[:40], probe_s=0.5,
         )  # fmt: skip
         self.traffic.phase = "run"
-        self.watch = LeaderWatch(fleet.role, fleet.schedulers)
+        # Two leaders' answers closer than lease_s - step_down_s cannot both be true.
+        self.watch = LeaderWatch(fleet.role, fleet.schedulers, margin_s=LEASE_S - STEP_DOWN_S)
         self.healed_at: float | None = None
 
     def steady(self, more: int, timeout: float = 30.0) -> None:
@@ -75,6 +76,7 @@ class Scenario:
         r.starts(f.logs(*f.schedulers), f.logs(*self.agents()))
         r.epochs({a: f.logs(a) for a in self.agents()})
         r.watched(self.watch)
+        r.led({s: f.logs_apart(s) for s in f.schedulers})
         text = table([r])
         out = f.tmp / "partition.md"
         out.write_text(text + "\n\n" + "".join(f"- {b}\n" for b in r.broken))

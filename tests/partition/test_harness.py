@@ -56,6 +56,11 @@ def test_a_cut_drops_traffic_between_two_hosts_only_and_heals(net):
         net.cut("ha", "hb", oneway=True)  # what ha sends hb is lost: no connection either way
         assert not _reaches(net, "ha", "hb", 9000)
         net.heal_all()
+        net.split(("ha",), ("hb", "hc"))
+        assert not _reaches(net, "ha", "hc", 9000) and not _reaches(net, "hb", "ha", 9000)
+        assert _reaches(net, "hb", "hc", 9000)
+        net.join(("ha",), ("hb", "hc"))
+        assert _reaches(net, "ha", "hc", 9000) and _reaches(net, "hb", "ha", 9000)
         net.link_down("hc")
         assert not _reaches(net, "root", "hc", 9000)
         net.link_up("hc")

@@ -2,7 +2,12 @@
 
 from tests.chaos.traffic import CUT, FAILED, OK, Sent
 
-from .report import Result, table
+from .report import LeaderWatch, Result, leading_intervals, table
+
+S1 = """100.000 INFO llmgw-scheduler: leading name=s1 epoch=1
+104.000 INFO llmgw-scheduler: node_up node=a1
+112.500 WARNING llmgw-scheduler: stepped_down epoch=1 reason="x y" stopped_s_ago=10.5
+"""
 
 
 def test_an_agent_that_obeys_an_older_epoch_after_a_newer_one_is_counted_stale():
@@ -37,3 +42,28 @@ def test_answers_are_matched_to_usage_rows_and_only_failures_break_the_run():
     assert (r.rows, r.missing, r.twice) == (3, 1, 1)
     assert len(r.broken) == 2 and "q4: HTTP 503" in r.broken[0]
     assert "| cut | 4 | 2 | 1 | 1 | 3 | 1 | 1 |" in table([r])
+
+
+def test_a_leader_that_logs_its_step_down_late_led_only_until_it_stopped_acting():
+    assert leading_intervals(S1) == [(1, 100.0, 102.0)]
+    s2 = "103.100 INFO llmgw-scheduler: leading name=s2 epoch=2\n120.000 INFO x: stopped\n"
+    assert leading_intervals(s2) == [(2, 103.1, 120.0)]  # led until its log ends
+    r = Result("split")
+    r.led({"s1": [S1], "s2": [s2]})
+    assert r.leaders == 1 and not r.broken
+
+
+def test_two_schedulers_whose_leading_intervals_overlap_by_their_logs_break_the_run():
+    s2 = "101.900 INFO llmgw-scheduler: leading name=s2 epoch=2\n"
+    r = Result("split")
+    r.led({"s1": [S1], "s2": [s2]})
+    assert r.leaders == 2 and "s1 (epoch 1) led until 102.000, s2 (epoch 2)" in r.broken[0]
+
+
+def test_two_leader_answers_count_as_an_overlap_only_if_close_enough_to_be_one_moment():
+    watch = LeaderWatch(lambda s: "standby", [], every_s=3600, margin_s=1.0)
+    watch.stop()
+    watch.count({"s1": ("leader", 10.0, 10.1), "s2": ("leader", 10.0, 11.2)})  # 1.2 s apart
+    assert (watch.most, watch.unsure) == (0, 1)
+    watch.count({"s1": ("leader", 20.0, 20.1), "s2": ("leader", 20.0, 20.3)})
+    assert watch.most == 2 and watch.overlaps == [["s1", "s2"]]

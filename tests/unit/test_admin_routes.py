@@ -156,12 +156,21 @@ def test_only_the_join_routes_the_mirror_and_replication_are_open_to_non_operato
     }
 
 
+def test_only_signing_on_and_off_is_open_to_anyone_on_the_way_to_a_session():
+    assert {str(r) for r in ROUTES if r.access is Access.SIGNON} == {
+        "GET /login",
+        "GET /oidc/callback",
+        "POST /logout",
+        "GET /v1/signon",
+    }
+
+
 def test_every_route_but_a_read_and_the_join_is_an_admins_and_needs_the_leader():
     own = {"POST /v1/admin-token/rotate", "POST /v1/scheduler-key/rotate"}  # each its own
     for r in ROUTES:
         if r.method == "GET":
             assert not r.leader and r.access is not Access.ADMIN, r
-        elif r.access is not Access.JOIN:
+        elif r.access not in (Access.JOIN, Access.SIGNON):
             assert (r.access, r.leader) == (Access.ADMIN, str(r) not in own), r
 
 
@@ -185,7 +194,7 @@ def walk(api, expect, **how) -> list[str]:
 
 def test_a_caller_without_a_credential_is_refused_on_every_route_but_the_public_one(api):
     def refused(route):
-        if route.access is Access.PUBLIC:
+        if route.access in (Access.PUBLIC, Access.SIGNON):
             return None
         return *UNCREDENTIALED[route.access], []
 
@@ -211,7 +220,7 @@ def test_a_read_operator_is_refused_every_change_before_its_handler(api):
 def test_a_read_operator_reaches_every_read(api):
     reader = _reader()
     for route in ROUTES:
-        if route.access in (Access.READ, Access.PAGE, Access.PUBLIC):
+        if route.access in (Access.READ, Access.PAGE, Access.PUBLIC, Access.SIGNON):
             assert api(route, token=reader)[1] == [str(route)], route
 
 

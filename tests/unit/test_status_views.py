@@ -25,7 +25,7 @@ def traffic() -> Traffic:
 
 
 def test_the_overview_draws_requests_ttft_and_tokens_per_second_for_each_model():
-    html = page.render([node()], [model("m"), model("idle")], [replica()], NOW, traffic())
+    html = page.render([node()], [model("m"), model("idle")], [replica()], NOW, traffic=traffic())
     found = charts_of(html)
     assert set(found) == {
         "m: requests per minute", "m: time to first token, ms (mean per minute)",
@@ -41,7 +41,7 @@ def test_the_overview_draws_requests_ttft_and_tokens_per_second_for_each_model()
 
 
 def test_the_day_window_draws_ten_minute_points_and_the_links_keep_the_window():
-    html = page.render([node()], [model("m")], [], NOW, traffic(), window="day")
+    html = page.render([node()], [model("m")], [], NOW, traffic=traffic(), window="day")
     requests = [p for p in Svg(html).elements["polyline"] if p["data-series"] == "requests"][0]
     assert len(points(requests)) == 144
     assert 'href="/status/capacity?window=day"' in html
@@ -49,7 +49,7 @@ def test_the_day_window_draws_ten_minute_points_and_the_links_keep_the_window():
 
 
 def test_before_the_first_read_the_overview_says_traffic_is_not_read_yet():
-    html = page.render([node()], [model("m")], [], NOW, None)
+    html = page.render([node()], [model("m")], [], NOW, traffic=None)
     assert "not yet" in html and "polyline" not in html
 
 

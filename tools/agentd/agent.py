@@ -110,6 +110,7 @@ class Agent:
             cfg.agent, state_dir, self.installer, Weights(state_dir, verify=_ca(cfg)),
             self._on_shard,
             start_timeout_s=getattr(cfg.agent, "start_timeout_s", START_TIMEOUT_S),
+            traces=cfg.tracing.endpoint,
         )  # fmt: skip
         self.counters = Counters(self.supervisor, cfg.agent.heartbeat_s)
         self.adapters = Loader(self.supervisor, self.supervisor.weights)

@@ -16,6 +16,7 @@ from llmgw_ctl.nodes import nodes, routers
 from llmgw_ctl.operators import admin_token, operators
 from llmgw_ctl.release import release
 from llmgw_ctl.restart import restart
+from llmgw_ctl.signon import login, logout
 from llmgw_ctl.status import explain_placement, models, replicas, retry, status
 from llmgw_ctl.store import store
 from llmgw_ctl.tenancy import orgs, projects, teams, users
@@ -36,7 +37,8 @@ from llmgw_ctl.weights import weights
     "admin_token",
     envvar="LLMGW_ADMIN_TOKEN",
     metavar="TOKEN",
-    help="Admin API token (default scheduler.admin_token, else <config_dir>/secrets/admin.token).",
+    help="Admin API token (default: the ID token `llmgw login` kept for the admin URL, else"
+    " scheduler.admin_token, else <config_dir>/secrets/admin.token).",
 )
 @cli_common.version_option
 @click.pass_context
@@ -46,6 +48,7 @@ def cli(ctx, config_path, admin_url, admin_token):
 
     \b
     Examples:
+      llmgw login
       llmgw status
       llmgw explain-placement gemma3-270m
       llmgw keys create --name demo
@@ -83,5 +86,7 @@ cli.add_command(budgets)
 cli.add_command(usage)
 cli.add_command(operators)
 cli.add_command(admin_token)
+cli.add_command(login)
+cli.add_command(logout)
 cli.add_command(release)
 cli.add_command(weights)

@@ -67,6 +67,7 @@ class Router:
             connect_timeout=rc.connect_timeout_s,
             total_timeout=rc.upstream_timeout_s,
             max_conns=rc.max_engine_connections,
+            dead_s=rc.dead_engine_s,
         )
         self.conversations = Conversations(db, chain_max=rc.responses_chain_max)
         self.proxy = Proxy(

@@ -14,6 +14,9 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+# Spans the exporter sent, dropped or failed to send (llmgw.tracing): on this page too.
+from llmgw.tracing import EXPORT_FAILURES, SPANS_DROPPED, SPANS_EXPORTED  # noqa: F401
+
 
 class _Family:
     """A metric's children by label values, made on first use; registered to be read at

@@ -108,12 +108,19 @@ class Leadership:
             return self.epoch > 0 and now < self._valid_until
 
     def lose(self, why: str) -> None:
-        """Step down now (an agent has seen a newer epoch, or the lease ran out)."""
+        """Step down now (an agent has seen a newer epoch, or the lease ran out).
+
+        The log line can come late: a renewal stuck on a store that stopped answering
+        is only seen to have failed when the call returns. The loop stopped acting when
+        `leading()` turned false, so the line says how long ago that was
+        (stopped_s_ago), which is what an operator lining up two schedulers' logs needs."""
+        now = time.monotonic()
         with self._lock:
-            was = self._valid_until > 0
+            was, until = self._valid_until > 0, self._valid_until
             self._valid_until = 0.0
         if was:
-            _log.warning("stepped_down", epoch=self.epoch, reason=why)
+            _log.warning("stepped_down", epoch=self.epoch, reason=why,
+                         stopped_s_ago=round(max(0.0, now - until), 3))  # fmt: skip
             self.on_change(self.epoch, False)
 
     # -- starting --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import time
 import peewee
 import zmq
 
-from llmgw import bus, log
+from llmgw import bus, log, tracing
 from llmgw.peers import drop_keypair, name_of, removed_since
 from llmgw.states import MsgType
 from llmgw.store import BusPeer, db_proxy, drop_connection
@@ -120,7 +120,7 @@ class Loop:
                     s.next_tick = now + self.cfg.scheduler.tick_s
                     try:
                         if s.leading():
-                            s.tick()
+                            self._pass()
                         else:
                             s.standby_tick()
                     except peewee.PeeweeException as e:
@@ -136,6 +136,25 @@ class Loop:
                 else:
                     s.step_down()
             s.write_behind()  # store writes that need not hold the lock
+
+    def _pass(self) -> None:
+        """A leader's placement pass; while tracing is on, one that started, stopped or
+        could not place something is a span, with what it decided (a pass that changed
+        nothing, as most do, is none: a trace a second of nothing would bury them)."""
+        s = self.sched
+        if tracing.tracer is None:
+            return s.tick()
+        began = time.time_ns()
+        s.tick()
+        d = s.last_decisions
+        if d is not None and (d.starts or d.stops or d.unplaceable):
+            attrs = {
+                "llmgw.starts": [f"{model}@{node}" for model, node, _ in d.starts],
+                "llmgw.stops": list(d.stops),
+                "llmgw.unplaceable": sorted(d.unplaceable),
+                "llmgw.epoch": s.epoch,
+            }
+            tracing.done("llmgw.placement_pass", began, attrs)
 
     def _receive(self) -> None:
         while True:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from prometheus_client import start_http_server
 
-from llmgw import bus, catalog, cli, dirs, log, tls
+from llmgw import bus, catalog, cli, dirs, log, tls, tracing
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.store import ClusterSecret, migrate, open_store, redact
@@ -23,6 +23,7 @@ from llmgw_scheduler.readings import Readings, check_refresh
 from llmgw_scheduler.replicator import Replicator
 from llmgw_scheduler.replicator import check_timings as check_replication
 from llmgw_scheduler.service import Scheduler
+from llmgw_scheduler.signon import SignOn
 from llmgw_scheduler.usage_check import UsageCheck
 
 _log = log.get("llmgw.scheduler")
@@ -54,6 +55,7 @@ def main(config_path):
         extra = {e.name for e in cfg.agent.engines}
         models = catalog.load(cfg.models, extra_engines=extra)
         check_timings(cfg)
+        tracing.check(cfg.tracing)
         db = open_store(cfg.store_url(), timeout_s=store_timeout(cfg), bounded=True)
         migrate(db)
         secret = cluster_secret()
@@ -63,12 +65,14 @@ def main(config_path):
         # Made (or read) here, not where the port is bound: a token that cannot be
         # written is its own error, not "cannot serve the admin API".
         token = admin_token(cfg)
+        signon = SignOn(cfg.oidc) if cfg.oidc.issuer else None
         check_replication(cfg)
         check_refresh(cfg)
         dirs.writable(Path(cfg.paths.state_dir), "the scheduler's state")
     except Error as e:
         raise click.ClickException(str(e)) from None
     log.setup("llmgw-scheduler", cfg.log.level)
+    tracing.setup(cfg.tracing, "llmgw-scheduler")  # admin requests and placement passes
     needs = Needs(Path(cfg.paths.state_dir) / "weights")
     needs.load_measured()
     needs.load_mirrored()
@@ -100,6 +104,7 @@ def main(config_path):
             cfg=cfg,
             bus_auth=loop.auth,
             loop=loop,
+            signon=signon,
         )
     except OSError as e:
         loop.close()
@@ -141,6 +146,7 @@ def main(config_path):
         admin.shutdown()
         loop.close()
         leadership.stop()  # hands the lease over at once
+        tracing.shutdown()
     _log.info("stopped")
 
 

@@ -13,6 +13,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from llmgw.placement import gpus_needed
 from llmgw.states import LIVE, LOST, ShardState
 
+# Spans the exporter sent, dropped or failed to send (llmgw.tracing): on this page too.
+from llmgw.tracing import EXPORT_FAILURES, SPANS_DROPPED, SPANS_EXPORTED  # noqa: F401
+
 BACKUP = Gauge(
     "llmgw_backup_last_success_timestamp_seconds",
     "When the newest backup archive was written (0: never)",

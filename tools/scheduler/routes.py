@@ -25,6 +25,7 @@ from llmgw_scheduler import (
     page,
     registry,
     releases_api,
+    signon,
     tenancy_api,
     usage_check,
 )
@@ -39,6 +40,9 @@ class Access(StrEnum):
     PEER = "peer"  # another scheduler: X-Llmgw-Scheduler and its HMAC (mirror.peer_token)
     JOIN = "join"  # a node joining: the one-time join token in the body, over HTTPS
     PAGE = "page"  # any operator from a browser: a bearer token, the cookie or ?token=
+    # anyone on the way into or out of a sign-on session (signon.py): the identity
+    # provider vouches for them at the callback, which checks what it sends back
+    SIGNON = "signon"
     READ = "read"  # any operator's bearer token (read or admin)
     ADMIN = "admin"  # an admin operator's bearer token
 
@@ -123,6 +127,11 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/", Access.PAGE, page.serve),
     Route("GET", "/status", Access.PAGE, page.serve),
     Route("GET", "/status/{view}", Access.PAGE, page.serve),
+    # Sign-on through the identity provider (signon.py): on the way to a credential.
+    Route("GET", "/login", Access.SIGNON, signon.login),
+    Route("GET", "/oidc/callback", Access.SIGNON, signon.callback),
+    Route("POST", "/logout", Access.SIGNON, signon.logout),
+    Route("GET", "/v1/signon", Access.SIGNON, signon.settings),
     # For nodes, with their own credentials or none; never an operator's token.
     Route("GET", "/v1/join/ca", Access.PUBLIC, join_api.ca),
     Route("POST", "/v1/join", Access.JOIN, join_api.join, body=True,

@@ -112,6 +112,7 @@ class Scheduler:
         # When our last pass as leader ran (None: none since we started or took over):
         # fleet metrics wait for it, as routes do, so they never show a half-heard fleet.
         self.last_pass_at: float | None = None
+        self.last_decisions = None  # what the last pass decided (None: it decided nothing)
         self.seq = 0
         self.next_snapshot = 0.0
         self.next_tick = 0.0
@@ -310,6 +311,7 @@ class Scheduler:
 
     def tick(self) -> None:
         now = self.clock()
+        self.last_decisions = None
         for node in self.inv.mark_lost(now, self.cfg.node_lost_s):
             _log.warning("node_lost", node=node.id, silent_s=round(now - node.last_seen, 1),
                          replicas=len(self.inv.on_node(node.id)))  # fmt: skip
@@ -366,6 +368,7 @@ class Scheduler:
         self.eviction.room_coming(self.unplaceable, now)
         self.adapters.pass_(now)
         self.last_pass_at = now
+        self.last_decisions = decisions
         self._observe(now)
         if self.demand.answer(asked):  # this pass is their answer
             self.flags.routes_dirty = True

@@ -65,6 +65,7 @@ bench: install engine vllm
 	$(BIN)/python bench/split.py
 	$(BIN)/python bench/routing.py
 	$(BIN)/python bench/autoscale.py
+	nice $(BIN)/python bench/fleet_scale.py
 	$(if $(LLMGW_TEST_POSTGRES),$(BIN)/python bench/failover.py,@echo "bench/failover.py skipped: set LLMGW_TEST_POSTGRES")
 
 # The wheel and sdist of llmgw.__version__ into dist/, with release notes from

@@ -179,6 +179,7 @@ class Feed:
         self.replicas = Replicas()
         self.known: dict[str, tuple[str, str]] = {}
         self._whole_wanted = True  # subscribed to whole tables
+        self.applied = {"whole": 0, "diff": 0}  # tables applied each way, for the curious
         self._stale_logged = -1
         # The sockets, opened by the worker's first pass and again after a failure or a
         # silence; closed on its thread when it stops.
@@ -249,6 +250,7 @@ class Feed:
         else:  # a scheduler that sends no diffs: keep taking whole tables
             self.lineage, self.version = None, 0
             self._whole(True)
+        self.applied["whole"] += 1
         self._install()
         return True
 
@@ -269,6 +271,7 @@ class Feed:
             self._whole(True)
             return False
         self.epoch, self.seq, self.version = epoch, seq, version
+        self.applied["diff"] += 1
         if "models" in body:
             self.known = self._known_from(body["models"] or ())
         if replicas or removed or "models" in body:

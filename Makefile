@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 export LLMGW_CACHE ?= $(HOME)/.cache/llmgw
 
-.PHONY: install engine vllm demo test test-fast chaos lint format bench docs release clean
+.PHONY: install engine vllm demo test test-fast chaos partition lint format bench docs release clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,11 @@ test-fast: install
 chaos: install
 	$(BIN)/pytest -q -s -m chaos tests/chaos
 
+# Hosts in network namespaces (as root: ip, nft, tc) cut off from each other under load,
+# and the invariants checked after each scenario (also part of `make test`).
+partition: install
+	$(BIN)/pytest -q -s -m partition tests/partition
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -66,6 +71,7 @@ bench: install engine vllm
 	$(BIN)/python bench/routing.py
 	$(BIN)/python bench/autoscale.py
 	nice $(BIN)/python bench/fleet_scale.py
+	$(BIN)/python bench/tracing.py
 	$(if $(LLMGW_TEST_POSTGRES),$(BIN)/python bench/failover.py,@echo "bench/failover.py skipped: set LLMGW_TEST_POSTGRES")
 
 # The wheel and sdist of llmgw.__version__ into dist/, with release notes from

@@ -18,6 +18,8 @@ def isolated_paths(tmp_path, monkeypatch):
     )
     monkeypatch.setenv("LLMGW_CONFIG", str(etc / "llmgw.toml"))
     monkeypatch.setenv("LLMGW_STORE", f"sqlite://{tmp_path}/llmgw.db")
+    # `llmgw login`'s tokens (tools/ctl/logins.py): never the person's own.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
     return tmp_path
 
 

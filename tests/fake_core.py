@@ -181,6 +181,7 @@ class Sent(NamedTuple):
     url: str
     path: str
     body: dict
+    head: bytes = b""  # the request line and headers, as the router sent them
 
 
 class Engines:
@@ -206,7 +207,7 @@ class Engines:
     async def request(self, origin: str, head: bytes, body: bytes) -> Reply:
         path = head.split(b" ", 2)[1].decode()
         payload = json.loads(body)
-        self.sent.append(Sent(origin, path, payload))
+        self.sent.append(Sent(origin, path, payload, head))
         engine = self.engine(origin)
         if engine.hold is not None:
             await engine.hold.wait()

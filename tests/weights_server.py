@@ -1,6 +1,6 @@
 """A weights source for tests: an HTTP(S) file server on loopback that counts what it
 is asked for, honours Range, and can stall partway through a file so a test can kill
-the client mid-download."""
+the client mid-download, or close the connection partway through one (once)."""
 
 import ssl
 import threading
@@ -21,6 +21,7 @@ class WeightsServer:
         self.stall_after: int | None = None  # bytes of a body sent before stalling
         self.stalled = threading.Event()  # set once a body has stalled
         self.release = threading.Event()  # set to let a stalled body go on
+        self.cut_after: int | None = None  # bytes of the next body sent before closing
         self.ca_file: Path | None = None
         outer = self
 
@@ -46,6 +47,11 @@ class WeightsServer:
                 self.end_headers()
                 body = data[start:]
                 cut = outer.stall_after
+                if outer.cut_after is not None and outer.cut_after < len(body):
+                    self.wfile.write(body[: outer.cut_after])
+                    outer.cut_after = None
+                    self.close_connection = True
+                    return
                 try:
                     if cut is not None and cut < len(body):
                         self.wfile.write(body[:cut])

@@ -55,6 +55,11 @@ def create_keypair(directory: Path, name: str) -> str:
     return load_public(directory, name)
 
 
+def is_reserved(name: str) -> bool:
+    """Whether `name` is one of the scheduler's own keypairs, never a peer's."""
+    return name in (SCHEDULER, NEXT_SCHEDULER, RETIRED_SCHEDULER)
+
+
 def copy_hint(name: str, group: str = "nodes") -> str:
     """What to do about a peer's missing keys: they are made on the control plane."""
     return (
@@ -176,6 +181,9 @@ class PeerAuthenticator(ThreadAuthenticator):
         super().__init__(context)
         self._peers: dict[bytes, str] = {}
         self._lock = threading.Lock()
+        # Keys revoked so far: a list of peers read from the store before a revocation
+        # must not be set after it (it would let the removed key in until the next read).
+        self.revocations = 0
         # lookup(z85 key) -> name or None: asked for a key we do not know yet, so a peer
         # registered a moment ago gets in at its first try. libzmq does not retry a
         # connection the server refused, so being late here would shut it out for good.
@@ -195,6 +203,7 @@ class PeerAuthenticator(ThreadAuthenticator):
         """Refuse this key from now on (its peer was removed), not at the next refresh."""
         with self._lock:
             self._peers.pop(public_key.encode(), None)
+            self.revocations += 1
 
     def allows(self, name: str) -> bool:
         """Whether a peer of that name may still speak (a removed one's connection,

@@ -41,6 +41,9 @@ class PathsConfig:
 class StoreConfig:
     # Empty means SQLite under paths.state_dir; LLMGW_STORE overrides either.
     url: str = ""
+    # PostgreSQL: the longest a tool waits to connect, and the scheduler and router for
+    # any answer (store/timeouts.py); a scheduler uses step_down_s - renew_s if less.
+    timeout_s: float = 10.0
 
 
 @dataclass
@@ -58,6 +61,7 @@ class RouterConfig:
     keepalive_interval_s: float = 5.0
     connect_timeout_s: float = 3.0
     upstream_timeout_s: float = 600.0
+    dead_engine_s: float = 10.0
     retries: int = 2
     cooldown_s: float = 5.0
     key_refresh_s: float = 2.0
@@ -194,6 +198,40 @@ class SchedulerConfig:
     # A file holding the Hugging Face token that hf:// sources are pulled with, read at
     # each pull (a rotated token needs no restart) and never logged; empty: no token.
     hf_token_file: str = ""
+    # Every scheduler keeps its own copy of the mirror and the releases, copied from a
+    # peer scheduler: what the store names and this one lacks is looked for every
+    # replicate_s; a copy that fails is tried again after replicate_s × 2^(failures
+    # before it), at most replicate_backoff_max_s.
+    replicate_s: float = 5.0
+    replicate_backoff_max_s: float = 300.0
+
+
+@dataclass
+class OidcConfig:
+    """Sign-on for operators with OpenID Connect (docs/operate.md, "Sign-on"); off while
+    issuer is empty. Operators' tokens and the bootstrap token keep working beside it."""
+
+    # The provider's issuer URL, exactly as its ID tokens' `iss` says it (https, or http
+    # on loopback); its configuration is read from ISSUER/.well-known/openid-configuration.
+    issuer: str = ""
+    # The client the status page signs people in with (the code flow with PKCE); ID
+    # tokens issued to it are taken as bearer tokens by the admin API too.
+    client_id: str = ""
+    client_secret: str = secret()
+    # Where the provider sends the browser back: this scheduler's /oidc/callback, as
+    # people's browsers reach it and as registered with the provider.
+    redirect_url: str = ""
+    # The public client (no secret) `llmgw login` uses for the device flow; ID tokens
+    # issued to it are taken too. Empty: client_id.
+    cli_client_id: str = ""
+    # The ID token claim that gives a person a role (a dotted path reaches into an
+    # object, e.g. "realm_access.roles"), and the values that give admin and read.
+    role_claim: str = "groups"
+    admin_values: list[str] = field(default_factory=lambda: ["llmgw-admins"])
+    read_values: list[str] = field(default_factory=lambda: ["llmgw-readers"])
+    scopes: list[str] = field(default_factory=lambda: ["openid", "email", "profile", "groups"])
+    # How long the status page's session lasts after sign-in, whatever the ID token says.
+    session_s: float = 8 * 3600.0
 
 
 @dataclass
@@ -327,6 +365,20 @@ class UsageConfig:
 
 
 @dataclass
+class TracingConfig:
+    # Where OpenTelemetry traces go: an OTLP/gRPC collector, e.g. "http://collector:4317"
+    # ("https://" for TLS). Empty: no tracing at all, and nothing of it is made.
+    endpoint: str = ""
+    # The share of requests (admin requests, placement passes) traced, 0 to 1. A request
+    # whose traceparent says its caller traced it is traced whatever this says.
+    sample_rate: float = 0.1
+    # The service.name spans carry; empty: the tool's own (llmgw-router, llmgw-scheduler).
+    service_name: str = ""
+    # Spans waiting for the exporter, at most: past it they are dropped and counted.
+    queue_size: int = 2048
+
+
+@dataclass
 class ModelConfig:
     name: str = ""
     aliases: list[str] = field(default_factory=list)
@@ -358,6 +410,8 @@ class Config:
     certmon: CertmonConfig = field(default_factory=CertmonConfig)
     backup: BackupConfig = field(default_factory=BackupConfig)
     usage: UsageConfig = field(default_factory=UsageConfig)
+    oidc: OidcConfig = field(default_factory=OidcConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     models: list[ModelConfig] = field(default_factory=list)
     source: str = ""  # the file this came from, "" for built-in defaults
 

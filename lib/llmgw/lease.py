@@ -140,3 +140,51 @@ def schedulers(db: peewee.Database) -> list[dict]:
         {"name": r[0], "role": r[1], "admin_url": r[2], "seen_s_ago": round(float(r[3]), 1)}
         for r in rows
     ]
+
+
+# A scheduler says what it does (`seen`) at every lease tick: renew_s apart while it
+# leads, standby_retry_s while it stands by. One not seen for LATE_TICKS of its periods
+# (and at least LATE_MIN_S: a busy machine delays a tick by a fraction of a second) has
+# missed a tick: `llmgw status` calls it presumed down, even while its lease still runs.
+LATE_TICKS = 1.5
+LATE_MIN_S = 1.0
+
+
+def holder_seen_s(db: peewee.Database, holder: str) -> float | None:
+    """Seconds since the process `holder` last said what it does; None when no row has
+    it (its name's row is another process's now: it restarted)."""
+    p, table = db.param, SchedulerSeen._meta.table_name
+    row = db.execute_sql(
+        f"SELECT {_now_sql(db)} - seen_at FROM {table} WHERE holder = {p}", (holder,)
+    ).fetchone()
+    return None if row is None else float(row[0])
+
+
+def late(seen_s: float | None, period_s: float) -> bool:
+    """Whether a scheduler that ticks every `period_s` has missed a tick."""
+    return seen_s is None or seen_s > max(LATE_TICKS * period_s, LATE_MIN_S)
+
+
+def standing(held: Holder | None, seen_s: float | None, schedulers: list[dict],
+             renew_s: float, standby_retry_s: float) -> dict:  # fmt: skip
+    """What `llmgw status` says of the lease, from what the store says (pure):
+    `leader`: the valid lease's holder, with `seen_s_ago` (None: it restarted since)
+    and `presumed_down`; `expired`: the last holder once its lease ran out; and
+    `successors`: the standbys seen lately, one of which takes the lease when it runs out."""
+    successors = [s["name"] for s in schedulers
+                  if s["role"] == "standby" and not late(s["seen_s_ago"], standby_retry_s)
+                  and (held is None or s["name"] != held.name)]  # fmt: skip
+    out: dict = {"leader": None, "successors": successors}
+    if held is None or not held.name:
+        return out
+    if held.expires_in > 0:
+        out["leader"] = {
+            "name": held.name, "admin_url": held.admin_url, "epoch": held.epoch,
+            "expires_in": round(held.expires_in, 1),
+            "seen_s_ago": None if seen_s is None else round(max(0.0, seen_s), 1),
+            "presumed_down": late(seen_s, renew_s),
+        }  # fmt: skip
+    else:
+        out["expired"] = {"name": held.name, "epoch": held.epoch,
+                          "expired_s_ago": round(-held.expires_in, 1)}  # fmt: skip
+    return out

@@ -40,6 +40,10 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+def is_sha256(text: str) -> bool:
+    return bool(_SHA256.match(text or ""))
+
+
 class PullError(Invalid):
     """A model's source could not be read, or gave other content than it must."""
 
@@ -88,6 +92,18 @@ def node_token(cluster_secret: str, node: str) -> str:
 
 def node_token_ok(cluster_secret: str, node: str, token: str) -> bool:
     return hmac.compare_digest(node_token(cluster_secret, node), token or "")
+
+
+def peer_token(cluster_secret: str, scheduler: str) -> str:
+    """What a scheduler shows another to copy its blobs and releases. Derived from the
+    cluster secret in the store, which every scheduler reads, rather than an admin
+    token, which each scheduler keeps and rotates on its own."""
+    msg = f"scheduler-replication\0{scheduler}".encode()
+    return hmac.new(cluster_secret.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def peer_token_ok(cluster_secret: str, scheduler: str, token: str) -> bool:
+    return hmac.compare_digest(peer_token(cluster_secret, scheduler), token or "")
 
 
 def check_pin(model: str, got: str, catalog_sha: str, pinned_sha: str) -> None:

@@ -1,4 +1,5 @@
-"""Operators: one admin API token per person or script, each with a role.
+"""Operators: one admin API token per person or script, each with a role (or a person
+signed on through the identity provider, oidc.py).
 
 `read` may look (status, lists, logs, the audit log, the page); `admin` may also
 change things. The shared bootstrap token (`secrets/admin.token`) stays, as `admin`:
@@ -32,6 +33,8 @@ class Who:
     name: str
     role: str
     bootstrap: bool = False
+    via: str = "token"  # or "oidc": signed on through the identity provider (oidc.py)
+    subject: str = ""  # oidc: the provider's `sub` for the person, stable where names change
 
     def may_change(self) -> bool:
         return self.role == ADMIN

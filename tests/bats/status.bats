@@ -194,6 +194,8 @@ teardown_file() {
     [ "$status" -ne 0 ]
     [[ "$stderr" == *"operator 'grafana' has the read role"* ]]
     [ "$(echo "$stderr" | wc -l)" -eq 1 ]
+    # ... and the attempt is on record: who, what, why not.
+    [ "$(llmgw audit --action models.retry_refused --json | jq -r '.[-1] | "\(.actor) \(.target) \(.detail.role)"')" = "grafana lonely read" ]
     # Removed: the token stops working at once.
     llmgw operators remove grafana >/dev/null
     run --separate-stderr env LLMGW_ADMIN_TOKEN="$reader" llmgw models

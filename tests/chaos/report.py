@@ -49,6 +49,12 @@ def table(phases: list[Phase]) -> str:
             setattr(total, f, getattr(total, f) + getattr(p, f))
         total.slowest_s = max(total.slowest_s, p.slowest_s)
     rows.append(tuple(str(c) for c in cells(total)))
+    return markdown(rows)
+
+
+def markdown(rows: list[tuple[str, ...]]) -> str:
+    """A Markdown table: the first row is the heading, the first column text, the rest
+    numbers (right-aligned)."""
     lines = ["| " + " | ".join(r) + " |" for r in rows]
-    lines.insert(1, "|" + "|".join(["---"] + ["--:"] * (len(COLUMNS) - 1)) + "|")
+    lines.insert(1, "|" + "|".join(["---"] + ["--:"] * (len(rows[0]) - 1)) + "|")
     return "\n".join(lines)

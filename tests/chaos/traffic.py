@@ -5,8 +5,10 @@ the routers in turn. A connection error before anything of the answer arrived (r
 reset, closed before the status line or the first streamed token) is retried once on the
 other router with the same request id, which is how the usage rows are matched to what
 the client saw. As a load balancer's health check would, a connection error also takes
-that router out of the rotation until its /ready says ok again. Every request ends in
-one of three outcomes:
+that router out of the rotation until its /ready says ok again; with `probe_s`, a thread
+also asks every router's /ready that often and only those that said ok recently get
+requests (a router that is up but not ready, or that hangs, is left out before a request
+finds out). Every request ends in one of three outcomes:
 
     ok      a complete 200 answer (a JSON body with choices; a stream that reached [DONE])
     cut     a stream that had started (a token arrived), then broke: the one failure
@@ -49,9 +51,10 @@ class Traffic:
     """`workers` threads of requests for `model` through `urls` until stopped."""
 
     def __init__(self, urls: list[str], secret: str, model: str, workers: int = 4,
-                 pause_s: float = 0.02, timeout_s: float = 20.0):  # fmt: skip
+                 pause_s: float = 0.02, timeout_s: float = 20.0, tag: str = "chaos",
+                 probe_s: float | None = None):  # fmt: skip
         self.urls, self.secret, self.model = urls, secret, model
-        self.pause_s, self.timeout_s = pause_s, timeout_s
+        self.pause_s, self.timeout_s, self.tag, self.probe_s = pause_s, timeout_s, tag, probe_s
         self.phase = "start"
         self.sent: list[Sent] = []
         self._lock = threading.Lock()
@@ -61,6 +64,9 @@ class Traffic:
         self._threads = [
             threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)
         ]
+        if probe_s is not None:
+            self._ready = {i: self._probe(i) for i in range(len(urls))}
+            self._threads.append(threading.Thread(target=self._prober, daemon=True))
         for t in self._threads:
             t.start()
 
@@ -91,7 +97,7 @@ class Traffic:
         while not self._stop.is_set():
             with self._lock:
                 self._n += 1
-                sent = Sent(f"chaos-{self.phase}-{self._n}", self.phase, stream)
+                sent = Sent(f"{self.tag}-{self.phase}-{self._n}", self.phase, stream)
                 self.sent.append(sent)
             t0 = time.monotonic()
             for i in self._rotation(turn):
@@ -103,6 +109,8 @@ class Traffic:
                     sent.outcome, sent.detail = (CUT if e.started else FAILED), str(e)
                     with self._lock:
                         self._down.setdefault(i, 0.0)
+                        if self.probe_s is not None:
+                            self._ready[i] = False  # until its /ready says ok again
                     sessions[i].close()
                     sessions[i] = requests.Session()  # a load balancer's fresh connection
                     if e.started:
@@ -116,6 +124,10 @@ class Traffic:
         until their /ready says ok (asked at most every 0.2 s, as a load balancer does)."""
         n = len(self.urls)
         order = [(turn + k) % n for k in range(n)]
+        if self.probe_s is not None:
+            with self._lock:
+                up = [i for i in order if self._ready[i]]
+            return up or order
         with self._lock:
             down = dict(self._down)
         for i, asked in list(down.items()):
@@ -133,6 +145,19 @@ class Traffic:
                 del down[i]
         up = [i for i in order if i not in down]
         return up or order  # with none up, try them all anyway
+
+    def _probe(self, i: int) -> bool:
+        try:
+            return requests.get(f"{self.urls[i]}/ready", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _prober(self) -> None:
+        while not self._stop.wait(self.probe_s):
+            for i in range(len(self.urls)):
+                ok = self._probe(i)
+                with self._lock:
+                    self._ready[i] = ok
 
     def _one(self, session: requests.Session, url: str, sent: Sent) -> tuple[str, str]:
         body = {"model": self.model, "messages": [{"role": "user", "content": "hi"}]}

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,18 @@ def toml_list(items) -> str:
     return json.dumps(list(items))
 
 
+def read_shards(state_dir: Path) -> list[dict]:
+    """The shards an agent with this state directory records (what runs on its node)."""
+    d = state_dir / "shards"
+    out = []
+    for p in sorted(d.glob("*.json")) if d.exists() else ():
+        try:
+            out.append(json.loads(p.read_text()))
+        except FileNotFoundError:
+            continue  # the agent removed it between the listing and the read
+    return out
+
+
 class Cluster:
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -44,6 +57,7 @@ class Cluster:
         # Every scheduler's ports by name; the first is the one the helpers below use
         # unless told otherwise. add_scheduler() makes a fleet with a standby.
         self.sched_ports: dict[str, dict] = {}
+        self.sched_etc: dict[str, Path] = {}  # a scheduler's own config dir, if not etc
         self.add_scheduler("s1")
         self.schedulers: dict[str, Proc] = {}
         self.settle_s = 1.5
@@ -60,10 +74,16 @@ class Cluster:
         self.router: Proc | None = None
         self.router_url = ""
         self.secret = ""
+        self.router_env: dict[str, str] = {}  # e.g. LLMGW_STORE through tests/blackhole.py
+        self.router_extra = ""  # more config after [router]'s lines, e.g. a [store] table
 
-    def add_scheduler(self, name: str) -> None:
+    def add_scheduler(self, name: str, own_config_dir: bool = False) -> None:
         """Another scheduler sharing the store (PostgreSQL for a standby); agents and the
-        router are configured with every scheduler added before they start."""
+        router are configured with every scheduler added before they start.
+        `own_config_dir`: its own config directory, as on a machine of its own, with what
+        install.md says to copy there (the scheduler's keypair and the admin token)."""
+        if own_config_dir:
+            self.sched_etc[name] = self.tmp / f"etc-{name}"
         self.sched_ports[name] = {
             "bus": f"tcp://127.0.0.1:{free_port()}",
             "pub": f"tcp://127.0.0.1:{free_port()}",
@@ -92,9 +112,9 @@ class Cluster:
 
     # -- config ------------------------------------------------------------------------
 
-    def _common(self, state_dir: Path) -> str:
+    def _common(self, state_dir: Path, etc: Path | None = None) -> str:
         return (
-            f'[paths]\nconfig_dir = "{self.etc}"\nstate_dir = "{state_dir}"\n'
+            f'[paths]\nconfig_dir = "{etc or self.etc}"\nstate_dir = "{state_dir}"\n'
             f'[log]\nlevel = "debug"\n'
         )
 
@@ -159,8 +179,11 @@ class Cluster:
         ports = self.sched_ports[name]
         suffix = "" if name == "s1" else f"-{name}"
         cfg = self.tmp / f"scheduler{suffix}.toml"
+        etc = self.sched_etc.get(name)
+        if etc is not None:
+            self.copy_control_plane_files(etc)
         cfg.write_text(
-            self._common(self.tmp / f"scheduler-state{suffix}")
+            self._common(self.tmp / f"scheduler-state{suffix}", etc)
             + f'[scheduler]\nname = "{name}"\nbus = "{ports["bus"]}"\n'
             f'publish = "{ports["pub"]}"\n'
             f'metrics_listen = "127.0.0.1:{ports["metrics"]}"\ntick_s = 0.2\n'
@@ -184,6 +207,20 @@ class Cluster:
         if name == "s1":
             self.scheduler = proc
         return proc
+
+    def copy_control_plane_files(self, etc: Path, *names: str) -> None:
+        """Copy into another scheduler's config dir what install.md says to copy there:
+        the scheduler's keypair, the bootstrap admin token, and the keypairs `names`."""
+        curve = etc / "pki" / "curve"
+        curve.mkdir(parents=True, exist_ok=True)
+        (etc / "secrets").mkdir(exist_ok=True)
+        token = self.etc / "secrets" / "admin.token"
+        if token.exists():
+            shutil.copy2(token, etc / "secrets" / "admin.token")
+        for name in ("scheduler", *names):
+            for suffix in (".key", ".key_secret"):
+                if (self.etc / "pki" / "curve" / f"{name}{suffix}").exists():
+                    shutil.copy2(self.etc / "pki" / "curve" / f"{name}{suffix}", curve)
 
     def ctl(self, *args: str, scheduler: str = "s1") -> subprocess.CompletedProcess:
         """Run the real `llmgw` against this cluster's admin API (its token file included)."""
@@ -239,13 +276,14 @@ class Cluster:
             self._common(self.tmp / "router-state")
             + f'[router]\nlisten = "127.0.0.1:{port}"\nschedulers = {self._all("pub")}\n'
             f"scheduler_bus = {self._all('bus')}\nactivation_window_s = 20.0\n"
-            'bus_name = "router"\nkey_refresh_s = 0.2\ncooldown_s = 0.5\n'
+            'bus_name = "router"\nkey_refresh_s = 0.2\ncooldown_s = 0.5\n' + self.router_extra
         )
         self.router_url = f"http://127.0.0.1:{port}"
         self.secret = secret
         self.router = Proc(
             [str(BIN / "llmgw-router"), "--config", str(cfg)],
             self.tmp / "router.log",
+            env=self.router_env,
             health=f"{self.router_url}/ready",
         )
         self.router.wait_healthy()
@@ -296,14 +334,7 @@ class Cluster:
 
     def shards(self, node: str) -> list[dict]:
         """The shards an agent's state files record (what runs on that node)."""
-        d = self.tmp / f"agent-{node}" / "shards"
-        out = []
-        for p in sorted(d.glob("*.json")) if d.exists() else ():
-            try:
-                out.append(json.loads(p.read_text()))
-            except FileNotFoundError:
-                continue  # the agent removed it between the listing and the read
-        return out
+        return read_shards(self.tmp / f"agent-{node}")
 
     def engine_pids(self) -> set[int]:
         """Every fake engine process running on this machine for this cluster."""

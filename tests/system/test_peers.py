@@ -1,6 +1,7 @@
 """Who the bus lets in, as the operator sees it: refusals said once, on both sides, in
 words that point at the keys; and `nodes remove` / `routers remove` revoking a key."""
 
+import json
 import shutil
 import time
 
@@ -76,7 +77,7 @@ def test_a_node_whose_replicas_cannot_drain_away_is_not_removed_without_force(se
 def test_a_removed_router_is_refused_at_its_next_connection(served):
     cluster = served
     curve = _curve(cluster)
-    # What the router's own host keeps: the control plane's copy goes with the removal.
+    # What the router's own machine keeps: the control plane's copy goes with the removal.
     kept = {f: (curve / f).read_bytes() for f in ("router.key", "router.key_secret")}
     result = cluster.ctl("routers", "remove", "router")
     assert result.returncode == 0, result.stderr
@@ -85,9 +86,15 @@ def test_a_removed_router_is_refused_at_its_next_connection(served):
     assert not (curve / "router.key_secret").exists()
 
     cluster.router.stop()
-    for name, data in kept.items():
-        (curve / name).write_bytes(data)
-    again = Proc([str(BIN / "llmgw-router"), "--config", str(cluster.tmp / "router.toml")],
+    # The router's own machine: its config dir with the keys it was given.
+    own = cluster.tmp / "router-etc"
+    (own / "pki" / "curve").mkdir(parents=True)
+    for name, data in {**kept, "scheduler.key": (curve / "scheduler.key").read_bytes()}.items():
+        (own / "pki" / "curve" / name).write_bytes(data)
+    config = cluster.tmp / "router-2.toml"
+    text = (cluster.tmp / "router.toml").read_text()
+    config.write_text(text.replace(f'config_dir = "{cluster.etc}"', f'config_dir = "{own}"'))
+    again = Proc([str(BIN / "llmgw-router"), "--config", str(config)],
                  cluster.tmp / "router-2.log")  # fmt: skip
     cluster.router = again  # stopped with the cluster
     eventually(lambda: "scheduler_refused" in again.log(), timeout=15,
@@ -117,3 +124,46 @@ def test_removing_a_node_drains_it_first_then_its_key_is_refused(cluster, api_ke
                timeout=10, what="node-a to hear it was removed")  # fmt: skip
     actions = [e["action"] for e in cluster.admin("/v1/audit")]
     assert actions.index("nodes.drain") < actions.index("nodes.remove")
+
+
+def test_every_schedulers_copy_of_a_removed_keypair_is_deleted_and_a_new_add_makes_a_new_key(
+    cluster, pg_store
+):
+    cluster.add_scheduler("s2", own_config_dir=True)  # a machine of its own, as install.md
+    cluster.start_scheduler("s1")
+    for name in ("gpu-07", "gpu-08"):
+        cluster.register(name)
+    cluster.register("edge-01", "routers")
+    # The operator copies each keypair to the other control-plane machine too.
+    etc2 = cluster.sched_etc["s2"]
+    cluster.copy_control_plane_files(etc2, "gpu-07", "gpu-08", "edge-01")
+    curve1, curve2 = _curve(cluster), etc2 / "pki" / "curve"
+    old = bus.load_public(curve2, "gpu-08")
+    cluster.start_scheduler("s2")
+    eventually(lambda: cluster.admin("/v1/status", scheduler="s2")["control_plane"]["role"]
+               == "standby", what="s2 to stand by")  # fmt: skip
+
+    files = lambda d, n: sorted(p.name for p in d.glob(f"{n}.key*"))  # noqa: E731
+    for args in (("nodes", "remove", "gpu-07", "--force"), ("routers", "remove", "edge-01")):
+        result = cluster.ctl(*args)
+        assert result.returncode == 0, result.stderr
+        assert files(curve1, args[2]) == []  # the scheduler that removed it: at once
+        eventually(lambda n=args[2]: files(curve2, n) == [], timeout=10,
+                   what=f"s2 to delete its copy of {args[2]}'s keypair")  # fmt: skip
+    assert "revoked_keypair_deleted peer=gpu-07" in cluster.schedulers["s2"].log()
+    entry = [e for e in cluster.admin("/v1/audit") if e["target"] == "gpu-07"][-1]
+    assert entry["detail"]["public_key"] and "secret" not in json.dumps(entry["detail"])
+
+    # A scheduler that was down when the node was removed deletes its copy at its start.
+    cluster.schedulers["s2"].stop()
+    assert cluster.ctl("nodes", "remove", "gpu-08", "--force").returncode == 0
+    assert files(curve2, "gpu-08") == ["gpu-08.key", "gpu-08.key_secret"]
+    cluster.start_scheduler("s2")
+    eventually(lambda: files(curve2, "gpu-08") == [], timeout=10,
+               what="s2 to delete gpu-08's keypair at its start")  # fmt: skip
+
+    # The name added again gets a new key; the old one is refused wherever it is kept.
+    assert cluster.ctl("nodes", "add", "gpu-08").returncode == 0
+    new = bus.load_public(curve1, "gpu-08")
+    assert new != old
+    assert [p["public_key"] for p in cluster.admin("/v1/peers?kind=agent")] == [new]

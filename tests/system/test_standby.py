@@ -193,3 +193,78 @@ def test_with_sqlite_a_second_scheduler_refuses_to_start_and_the_epoch_rises_on_
     cluster.start_scheduler("s1")
     eventually(lambda: role(cluster, "s1") == "leader", what="s1 to lead again")
     assert status(cluster, "s1")["epoch"] == 2
+
+
+def test_a_removed_node_is_forgotten_by_both_schedulers_and_not_brought_back_by_a_takeover(pair):
+    names = lambda s: [n["name"] for n in pair.admin("/v1/nodes", scheduler=s)]  # noqa: E731
+    assert "node-b" in names("s2")  # the standby hears every agent too
+    result = pair.ctl("nodes", "remove", "node-b", "--force")
+    assert result.returncode == 0, result.stderr
+    # Gone at once on the scheduler that removed it, with its replica: not `lost`.
+    assert names("s1") == ["node-a"]
+    placement = pair.admin("/v1/models/m/placement")
+    assert [n["name"] for n in placement["nodes"]] == ["node-a"]
+    assert all(r["node"] == "node-a" for r in pair.admin("/v1/replicas"))
+    # The standby learns it from the store at its next look (2 s).
+    eventually(lambda: names("s2") == ["node-a"], timeout=10, what="s2 to forget node-b")
+    # The catalog still wants two: the second goes on node-a, not back on node-b.
+    eventually(lambda: ready(pair, "s1") == 2, timeout=30, what="a replacement on node-a")
+
+    pair.schedulers["s1"].p.send_signal(signal.SIGKILL)
+    eventually(lambda: role(pair, "s2") == "leader", timeout=15, what="s2 to lead")
+    took = eventually(lambda: [x for x in pair.schedulers["s2"].log().splitlines()
+                               if ": took_over " in x], what="s2 to say it took over")  # fmt: skip
+    assert " nodes=1 " in took[0], took[0]
+    # Past node_lost_s (3 s) after the takeover, node-b is still nowhere, not even lost.
+    eventually(lambda: pair.metric("llmgw_nodes_up", scheduler="s2") == 1,
+               what="s2 to publish its nodes")  # fmt: skip
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        assert names("s2") == ["node-a"]
+        assert pair.metric("llmgw_nodes_lost", scheduler="s2") == 0
+    assert all(r["node"] == "node-a" for r in pair.admin("/v1/replicas", scheduler="s2"))
+
+
+@pytest.fixture
+def slow_lease(cluster, pg_store):
+    """s1 leading and s2 standing by, no nodes, with a lease long enough to look at a
+    leader that stopped answering while its lease still runs."""
+    cluster.lease = "lease_s = 12.0\nrenew_s = 0.5\nstep_down_s = 2.0\nstandby_retry_s = 0.3\n"
+    cluster.add_scheduler("s2")
+    cluster.start_scheduler("s1")
+    eventually(lambda: role(cluster, "s1") == "leader", what="s1 to lead")
+    cluster.start_scheduler("s2")
+    eventually(lambda: role(cluster, "s2") == "standby", what="s2 to stand by")
+    return cluster
+
+
+def test_status_through_the_standby_says_a_silent_leader_is_presumed_down_and_who_takes_over(
+    slow_lease,
+):
+    cluster = slow_lease
+    epoch = status(cluster, "s1")["epoch"]
+    line = cluster.ctl("status", scheduler="s2").stdout.splitlines()[0]
+    assert line.startswith(f"LEADER s1 (epoch {epoch}, lease "), line
+    assert "presumed down" not in line
+
+    s1 = cluster.schedulers["s1"]
+    s1.p.send_signal(signal.SIGSTOP)  # alive, holding its lease, saying nothing
+    try:
+        first = eventually(
+            lambda: (x := cluster.ctl("status", scheduler="s2").stdout.splitlines()[0])
+            and "presumed down" in x and x,
+            timeout=8, what="the standby to say the leader is presumed down",
+        )  # fmt: skip
+        assert re.match(
+            rf"LEADER s1 \(epoch {epoch}, not seen for [\d.]+s: presumed down; "
+            r"lease [\d.]+s left, s2 takes over when it runs out\)  STANDBY s2 \(seen",
+            first,
+        ), first
+        assert first.endswith("[answered by s2, standby]"), first
+        cp = status(cluster, "s2")
+        assert cp["leader"]["presumed_down"] is True and cp["leader"]["seen_s_ago"] > 0.75
+        eventually(lambda: role(cluster, "s2") == "leader", timeout=20, what="s2 to lead")
+        line = cluster.ctl("status", scheduler="s2").stdout.splitlines()[0]
+        assert line.startswith(f"LEADER s2 (epoch {epoch + 1}, lease "), line
+    finally:
+        s1.p.send_signal(signal.SIGCONT)

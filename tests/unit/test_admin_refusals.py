@@ -3,6 +3,7 @@ front of the real scheduler in process (a fake clock, agents that are only messa
 
 import pytest
 import requests
+from prometheus_client import REGISTRY
 
 from llmgw_scheduler.admin import serve
 from tests.fake_fleet import Fleet, model
@@ -78,3 +79,48 @@ def test_a_change_that_is_allowed_is_still_answered_202(api):
     assert api("POST", "/v1/models/m/scale", {"min": 0, "max": 2})[:2] == (202, None)
     assert api("POST", "/v1/nodes/a/drain")[:2] == (202, None)
     assert api("POST", "/v1/models/m/retry")[:2] == (202, None)
+
+
+def test_a_read_operators_refused_change_is_in_the_audit_log_and_a_bad_tokens_only_counted(
+    tmp_path,
+):
+    fleet = Fleet(tmp_path, [model("m")])
+    server = serve(fleet.sched, "127.0.0.1:0", TOKEN)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def call(method, path, token, body=None):
+        auth = {"Authorization": f"Bearer {token}", "X-Llmgw-Actor": "eve@laptop"}
+        return requests.request(method, url + path, json=body, headers=auth, timeout=5)
+
+    try:
+        made = call("POST", "/v1/operators", TOKEN, {"name": "grafana", "role": "read"})
+        reader = made.json()["token"]
+        refused = call("POST", "/v1/models/m/scale", reader, {"min": 0, "max": 9})
+        assert refused.status_code == 403
+        assert call("DELETE", "/v1/peers/gpu-01?kind=agent", reader).status_code == 403
+        entries = call("GET", "/v1/audit", TOKEN).json()
+        assert [(e["action"], e["actor"], e["target"]) for e in entries] == [
+            ("operators.add", "eve@laptop", "grafana"),  # the bootstrap token: its label
+            ("models.scale_refused", "grafana", "m"),
+            ("nodes.remove_refused", "grafana", "gpu-01"),
+        ]
+        assert entries[1]["detail"] == {
+            "refused": "forbidden", "role": "read", "claimed": "eve@laptop",
+            "request": "POST /v1/models/m/scale",
+            "reason": "operator 'grafana' has the read role: changes need an admin token",
+        }  # fmt: skip
+        assert entries[1]["client"] == "127.0.0.1"
+        assert fleet.sched.models["m"].max == 1  # and nothing changed
+
+        counted = lambda: REGISTRY.get_sample_value(  # noqa: E731
+            "llmgw_admin_unauthenticated_total", {"access": "admin"}
+        ) or 0.0  # fmt: skip
+        before = counted()
+        for _ in range(3):
+            assert call("POST", "/v1/models/m/scale", "wrong", {"min": 0}).status_code == 401
+        assert counted() == before + 3
+        assert len(call("GET", "/v1/audit", TOKEN).json()) == 3  # no row for a bad token
+    finally:
+        server.shutdown()
+        server.server_close()
+        fleet.close()

@@ -9,6 +9,7 @@ any handler sees the request.
 import dataclasses
 import inspect
 import ipaddress
+import json
 import ssl
 import time
 from datetime import UTC, datetime
@@ -17,11 +18,11 @@ import pytest
 import requests
 from cryptography import x509
 
-from llmgw import jointokens, mirror, operators
-from llmgw.store import BusPeer
+from llmgw import jointokens, lease, mirror, operators
+from llmgw.store import BusPeer, MirroredWeights, PublishedRelease
 from llmgw_certmon import certs
 from llmgw_scheduler import admin
-from llmgw_scheduler.routes import ROUTES, Access, Route, match
+from llmgw_scheduler.routes import NOT_OPERATORS, ROUTES, Access, Route, match
 from tests.fake_fleet import Fleet, model
 
 TOKEN = "t" * 32
@@ -34,6 +35,7 @@ UNCREDENTIALED = {
     Access.READ: (401, "unauthorized"),
     Access.ADMIN: (401, "unauthorized"),
     Access.NODE: (401, "unauthorized"),
+    Access.PEER: (401, "unauthorized"),
     Access.JOIN: (403, "join_refused"),
 }
 # Changes that write nothing to the audit log, each for a reason.
@@ -144,11 +146,22 @@ def test_every_change_declares_the_audit_action_it_writes():
     assert changes == UNAUDITED
 
 
-def test_only_the_join_routes_and_the_mirror_are_open_to_non_operators():
-    assert {str(r) for r in ROUTES if r.access in (Access.PUBLIC, Access.NODE, Access.JOIN)} == {
+def test_only_the_join_routes_the_mirror_and_replication_are_open_to_non_operators():
+    assert {str(r) for r in ROUTES if r.access in NOT_OPERATORS} == {
         "GET /v1/join/ca",
         "POST /v1/join",
         "GET /v1/mirror/blobs/{sha256}",
+        "GET /v1/replication/blobs/{sha256}",
+        "GET /v1/replication/releases/{filename}",
+    }
+
+
+def test_only_signing_on_and_off_is_open_to_anyone_on_the_way_to_a_session():
+    assert {str(r) for r in ROUTES if r.access is Access.SIGNON} == {
+        "GET /login",
+        "GET /oidc/callback",
+        "POST /logout",
+        "GET /v1/signon",
     }
 
 
@@ -157,7 +170,7 @@ def test_every_route_but_a_read_and_the_join_is_an_admins_and_needs_the_leader()
     for r in ROUTES:
         if r.method == "GET":
             assert not r.leader and r.access is not Access.ADMIN, r
-        elif r.access is not Access.JOIN:
+        elif r.access not in (Access.JOIN, Access.SIGNON):
             assert (r.access, r.leader) == (Access.ADMIN, str(r) not in own), r
 
 
@@ -181,7 +194,7 @@ def walk(api, expect, **how) -> list[str]:
 
 def test_a_caller_without_a_credential_is_refused_on_every_route_but_the_public_one(api):
     def refused(route):
-        if route.access is Access.PUBLIC:
+        if route.access in (Access.PUBLIC, Access.SIGNON):
             return None
         return *UNCREDENTIALED[route.access], []
 
@@ -207,13 +220,13 @@ def test_a_read_operator_is_refused_every_change_before_its_handler(api):
 def test_a_read_operator_reaches_every_read(api):
     reader = _reader()
     for route in ROUTES:
-        if route.access in (Access.READ, Access.PAGE, Access.PUBLIC):
+        if route.access in (Access.READ, Access.PAGE, Access.PUBLIC, Access.SIGNON):
             assert api(route, token=reader)[1] == [str(route)], route
 
 
-def test_an_operators_token_does_not_open_the_mirror_or_a_join(api):
+def test_an_operators_token_does_not_open_the_mirror_replication_or_a_join(api):
     def refused(route):
-        if route.access in (Access.NODE, Access.JOIN):
+        if route.access in (Access.NODE, Access.PEER, Access.JOIN):
             return *UNCREDENTIALED[route.access], []
         return None
 
@@ -234,6 +247,57 @@ def test_a_registered_nodes_own_token_opens_the_mirror_and_no_other_nodes_does(a
     assert as_node("node-b", "node-b")[0].status_code == 401  # not registered
     resp, reached = as_node("node-a", "node-a")
     assert (resp.status_code, _error_code(resp), reached) == (404, "blob_not_found", [str(blobs)])
+
+
+def test_a_blob_or_release_the_store_names_but_this_scheduler_lacks_is_503_with_retry_after(api):
+    BusPeer.create(name="node-a", kind="agent", public_key=PUBLIC_KEY, created_at=time.time())
+    secret = api.fleet.sched.commands.cluster_secret
+    digest = "b" * 64
+    MirroredWeights.create(model="m", source="x", sha256=digest, size=3, pinned_at=1,
+                           pulled_at=1, files=json.dumps([{"name": "m.gguf", "sha256": digest,
+                                                            "size": 3}]))  # fmt: skip
+    headers = {"X-Llmgw-Node": "node-a"}
+    resp, _ = api(("GET", f"/v1/mirror/blobs/{digest}"), headers=headers,
+                  token=mirror.node_token(secret, "node-a"))  # fmt: skip
+    assert (resp.status_code, _error_code(resp)) == (503, "blob_replicating")
+    assert int(resp.headers["Retry-After"]) > 0
+    other = "c" * 64  # named by no manifest: not found, as before
+    resp, _ = api(("GET", f"/v1/mirror/blobs/{other}"), headers=headers,
+                  token=mirror.node_token(secret, "node-a"))  # fmt: skip
+    assert (resp.status_code, _error_code(resp)) == (404, "blob_not_found")
+    wheel = "llmgw-0.3.0-py3-none-any.whl"
+    PublishedRelease.create(filename=wheel, version="0.3.0", sha256="d" * 64, size=9,
+                            published_at=1.0)  # fmt: skip
+    resp, _ = api(("GET", f"/v1/releases/{wheel}"), token=TOKEN)
+    assert (resp.status_code, _error_code(resp)) == (503, "release_replicating")
+    assert int(resp.headers["Retry-After"]) > 0
+    listed, _ = api(("GET", "/v1/releases"), token=TOKEN)
+    assert [(r["version"], r["here"]) for r in listed.json()] == [("0.3.0", False)]
+
+
+def test_a_known_schedulers_own_token_opens_replication_and_no_nodes_or_other_token_does(api):
+    BusPeer.create(name="s2", kind="agent", public_key=PUBLIC_KEY, created_at=time.time())
+    paths = {"GET /v1/replication/blobs/{sha256}": "/v1/replication/blobs/" + "a" * 64,
+             "GET /v1/replication/releases/{filename}":
+                 "/v1/replication/releases/llmgw-9.9.9-py3-none-any.whl"}  # fmt: skip
+    assert set(paths) == {str(r) for r in ROUTES if r.access is Access.PEER}
+    [blobs] = [r for r in ROUTES if r.access is Access.NODE]
+    secret = api.fleet.sched.commands.cluster_secret
+
+    def as_scheduler(path: str, name: str, token: str):
+        return api(("GET", path), token=token, headers={"X-Llmgw-Scheduler": name})
+
+    for path in paths.values():  # not a scheduler the store knows yet
+        assert as_scheduler(path, "s2", mirror.peer_token(secret, "s2"))[0].status_code == 401
+    lease.seen(api.fleet.db, "s2", "s2/h/1/x", "standby", "http://s2")
+    for route, path in paths.items():
+        resp, reached = as_scheduler(path, "s2", mirror.peer_token(secret, "s2"))
+        assert (resp.status_code, reached) == (404, [route]), route
+        assert as_scheduler(path, "s2", mirror.peer_token(secret, "s3"))[0].status_code == 401
+        assert as_scheduler(path, "s2", mirror.node_token(secret, "s2"))[0].status_code == 401
+    # A scheduler's token is not a node's, even under the same name.
+    resp = api(blobs, token=mirror.peer_token(secret, "s2"), headers={"X-Llmgw-Node": "s2"})[0]
+    assert resp.status_code == 401
 
 
 def test_a_join_token_opens_the_join_once(api):

@@ -83,6 +83,7 @@ def test_the_example_config_loads_and_shows_every_key_with_its_default(tmp_path)
     cfg = config.load(write(tmp_path, text))
     defaults = config.Config()
     sections = ("log", "store", "router", "scheduler", "agent", "certmon", "backup", "usage")
+    sections += ("oidc", "tracing")
     for section in sections:
         got, want = getattr(cfg, section), getattr(defaults, section)
         for f in dataclasses.fields(want):

@@ -192,6 +192,24 @@ def test_vllm_on_cpu_runs_eager_with_the_kv_space_its_profile_gives():
     assert not VLLM.needs_gpus
 
 
+def test_with_tracing_configured_vllm_sends_its_spans_to_the_same_collector():
+    traced = Launch("/w/m", "h", 1, "", 2048, 2, traces="http://collector:4317")
+    alone = VLLM.command(ALONE, Path("/e/v"), traced)
+    assert alone.argv[alone.argv.index("--otlp-traces-endpoint") + 1] == "http://collector:4317"
+    assert alone.env["OTEL_SERVICE_NAME"] == "vllm"
+    # A headless rank serves no request: nothing of its own to trace.
+    gang = Launch("/w/m", "h", 0, "", 2048, 2, traces="http://c:4317", nnodes=2, node_rank=1,
+                  master="10.0.0.1:29500")  # fmt: skip
+    worker = VLLM.command(WORKER, Path("/e/v"), gang)
+    assert "--otlp-traces-endpoint" not in worker.argv and "OTEL_SERVICE_NAME" not in worker.env
+    untraced = VLLM.command(ALONE, Path("/e/v"), Launch("/w/m", "h", 1, "", 2048, 2))
+    assert "--otlp-traces-endpoint" not in untraced.argv
+    assert "OTEL_SERVICE_NAME" not in untraced.env
+    # llama-server has no tracing of its own: its command is the same either way.
+    untraced_llama = LLAMA.command(ALONE, Path("/e/l"), Launch("/w/m", "h", 1, "", 2048, 2))
+    assert LLAMA.command(ALONE, Path("/e/l"), traced).argv == untraced_llama.argv
+
+
 SMOLLM2 = {  # SmolLM2-135M-Instruct's config.json, as the conversion writes it
     "architectures": ["LlamaForCausalLM"], "dtype": "bfloat16", "head_dim": 64,
     "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,

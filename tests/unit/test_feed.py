@@ -1,5 +1,5 @@
 from llmgw import bus
-from llmgw_router.feed import Feed
+from llmgw_router.feed import SILENCE_S, Feed
 from llmgw_router.routing import Endpoint, RoutingTable
 
 
@@ -200,3 +200,24 @@ def test_the_topics_a_router_subscribes_to_are_how_messages_of_each_type_begin()
     assert diff(2, 1).startswith(bus.topic("routes_diff"))
     assert whole(1, []).startswith(bus.topic("routes"))
     assert not diff(2, 1).startswith(bus.topic("routes"))
+
+
+def test_a_feed_that_hears_no_table_past_the_silence_threshold_is_cut_off_until_one_comes():
+    table = RoutingTable()
+    feed = feed_for(table)
+    cut = []
+    feed.on_cut_off = lambda: cut.append(1)
+    assert feed.handle(routes(1, [replica("r-1", "m")], epoch=2))
+    t = feed.heard_at
+    assert not feed.cut_off(t + SILENCE_S) and feed.silent_s(t + 4.0) == 4.0
+    assert feed.cut_off(t + SILENCE_S + 0.1)
+    feed._check_silence(t + SILENCE_S + 0.1)
+    feed._check_silence(t + SILENCE_S + 5.0)
+    assert cut == [1]  # said once, not on every pass
+    # A deposed leader's table is not the control plane coming back.
+    assert not feed.handle(routes(9, [], epoch=1))
+    assert feed.heard_at == t
+    assert feed.handle(routes(2, [replica("r-1", "m")], epoch=2))
+    assert not feed.cut_off() and feed.heard_at > t
+    feed._check_silence(feed.heard_at + SILENCE_S + 0.1)
+    assert cut == [1, 1]  # a new silence is a new cut

@@ -58,3 +58,20 @@ def test_a_lost_node_that_comes_back_with_its_replica_has_it_ready_again(fleet):
     fleet.heartbeat("a")
     assert {r["id"]: r["state"] for r in View(fleet.sched).replicas()}[old] == "ready"
     assert not fleet.sched.inv.replicas[old].orphaned
+
+
+def test_a_removed_node_is_forgotten_not_lost_and_its_model_is_placed_elsewhere(fleet):
+    old = fleet.start_ready("a")
+    fleet.sched.drains.drain("a", fleet.clock())
+    with fleet.sched.lock:
+        fleet.sched.forget_node("a")  # `llmgw nodes remove a --force`, seen by this scheduler
+    for _ in range(int(fleet.cfg.scheduler.node_lost_s) + 2):  # past node_lost_s
+        fleet.tick(1)
+        fleet.heartbeat("b")
+    view = View(fleet.sched)
+    assert [n["name"] for n in view.nodes()] == ["b"]
+    assert [n["name"] for n in view.placement(fleet.sched.model("m"))["nodes"]] == ["b"]
+    assert old not in {r["id"] for r in view.replicas()}
+    (m,) = view.models()
+    assert m["lost"] == 0 and "a" not in fleet.sched.drained
+    assert [n for n, _ in fleet.sent("start_shard")] == ["b"]  # its replacement

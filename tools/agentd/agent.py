@@ -110,6 +110,7 @@ class Agent:
             cfg.agent, state_dir, self.installer, Weights(state_dir, verify=_ca(cfg)),
             self._on_shard,
             start_timeout_s=getattr(cfg.agent, "start_timeout_s", START_TIMEOUT_S),
+            traces=cfg.tracing.endpoint,
         )  # fmt: skip
         self.counters = Counters(self.supervisor, cfg.agent.heartbeat_s)
         self.adapters = Loader(self.supervisor, self.supervisor.weights)
@@ -258,6 +259,9 @@ class Agent:
             metrics.EPOCH.set(epoch)
         if kind == "leader":
             return  # the epoch is all it carries
+        # Each accepted command with its epoch: what shows, after a failover, that no
+        # command of the old leader was obeyed once the new one had spoken.
+        _log.debug("command_accepted", type=kind, epoch=epoch)
         if kind == "start_shard":
             self.supervisor.start(body)
         elif kind == "stop_shard":

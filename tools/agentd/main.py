@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 from prometheus_client import start_http_server
 
-from llmgw import bus, cli, dirs, log
+from llmgw import bus, cli, dirs, log, tracing
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw_agentd import join
@@ -74,6 +74,7 @@ def serve(config_path) -> None:
         scheduler_public = bus.load_public(cfg.curve_dir(), bus.SCHEDULER, bus.copy_hint(name))
         # Engines, weights, logs and the replicas' state files: the unit's StateDirectory.
         dirs.writable(Path(cfg.paths.state_dir), "the agent's state")
+        tracing.check(cfg.tracing)  # its endpoint goes to the vLLM engines it starts
     except Error as e:
         raise click.ClickException(str(e)) from None
     if not cfg.agent.schedulers:

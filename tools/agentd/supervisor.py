@@ -79,8 +79,10 @@ class Supervisor:
         weights: Weights,
         notify: Callable[[dict], None],
         start_timeout_s: float = START_TIMEOUT_S,
+        traces: str = "",
     ):
         self.cfg = cfg
+        self.traces = traces  # [tracing] endpoint: where engines that trace send spans
         self.dir = state_dir / "shards"
         self.installer = installer
         self.weights = weights
@@ -241,6 +243,7 @@ class Supervisor:
                 node_rank=rank.rank if rank else 0,
                 master=shard.master or (rank.master if rank else ""),
                 fabric_address=fabric, fabric_interface=self.cfg.fabric_interface,
+                traces=self.traces,
             )  # fmt: skip
             role = WORKER if worker else LEADER if launch.rpc or rank else ALONE
             cmd = self.installer.command(name, version, launch, role)

@@ -11,6 +11,8 @@ import click
 import requests
 from click.core import ParameterSource
 
+from llmgw_ctl import logins
+
 # Long enough for a scheduler busy placing a large fleet, short enough that an operator
 # is not left staring at a terminal that looks hung.
 TIMEOUT_S = 5.0
@@ -69,7 +71,9 @@ class Admin:
             ) from None
 
     def _request(self, method, path, params, body, data, timeout_s, stream=False):
-        headers = {"Authorization": f"Bearer {self.token}", "X-Llmgw-Actor": actor()}
+        headers = {"X-Llmgw-Actor": actor()}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         if data is not None:
             headers["Content-Type"] = "application/octet-stream"
         try:
@@ -88,12 +92,17 @@ class Admin:
             raise click.ClickException(
                 f"cannot reach the scheduler at {self.url}: {reason(e)} ({HINT})"
             ) from None
+        if r.status_code == 401 and self.token_from == LOGIN:
+            raise click.ClickException(
+                f"the scheduler at {self.url} refused your sign-on: {error_message(r)}"
+                " (run `llmgw login` again)"
+            )
         if r.status_code == 401:
             raise click.ClickException(
                 f"the scheduler at {self.url} refused the admin token from {self.token_from}"
-                " (it must be an operator's token from `llmgw operators add`, or the bootstrap"
+                " (it must be an operator's token from `llmgw operators add`, the bootstrap"
                 " token: scheduler.admin_token, or <config_dir>/secrets/admin.token on the"
-                " scheduler's host)"
+                " scheduler's host, or an ID token from `llmgw login`)"
             )
         if r.status_code >= 400:
             raise click.ClickException(error_message(r))
@@ -150,8 +159,12 @@ def base_url(state) -> str:
     return url.rstrip("/")
 
 
+LOGIN = "llmgw login"
+
+
 def token(state) -> tuple[str, str]:
-    """(token, where it came from): --token / LLMGW_ADMIN_TOKEN, the config, the token file."""
+    """(token, where it came from): --token / LLMGW_ADMIN_TOKEN, the ID token `llmgw login`
+    kept for this admin URL, the config, the token file."""
     if state.admin_token:
         ctx = click.get_current_context(silent=True)
         root = ctx.find_root() if ctx else None
@@ -159,6 +172,9 @@ def token(state) -> tuple[str, str]:
         return state.admin_token, (
             "LLMGW_ADMIN_TOKEN" if source == ParameterSource.ENVIRONMENT else "--token"
         )
+    signed_on = logins.token(base_url(state))
+    if signed_on:
+        return signed_on, LOGIN
     cfg = state.cfg
     configured = getattr(cfg.scheduler, "admin_token", "")
     if configured:
@@ -186,6 +202,11 @@ def client(state) -> Admin:
     url = base_url(state)
     secret, source = token(state)
     return Admin(url, secret, source, verify=ca_bundle(state))
+
+
+def anonymous(state) -> Admin:
+    """The admin API without a credential: for its public routes (sign-on's settings)."""
+    return Admin(base_url(state), "", "no token", verify=ca_bundle(state))
 
 
 def ca_bundle(state):

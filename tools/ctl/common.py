@@ -20,7 +20,7 @@ class State(cli.ConfigState):
     def store(self):
         """The store, migrated: the CLI may be the first tool to touch it."""
         try:
-            db = open_store(self.cfg.store_url())
+            db = open_store(self.cfg.store_url(), timeout_s=self.cfg.store.timeout_s)
             migrate(db)
         except Error as e:
             raise click.ClickException(str(e)) from None

@@ -16,7 +16,8 @@ COMMANDS = {
     "admin-token": "operators:admin_token", "audit": "audit:audit",
     "budgets": "limits:budgets", "config": "config:config", "drain": "drain:drain",
     "explain-placement": "status:explain_placement", "fabric": "fabric:fabric",
-    "keys": "keys:keys", "limits": "limits:limits", "logs": "logs:logs",
+    "keys": "keys:keys", "limits": "limits:limits", "login": "signon:login",
+    "logout": "signon:logout", "logs": "logs:logs",
     "models": "catalog:models", "nodes": "nodes:nodes", "operators": "operators:operators",
     "orgs": "tenancy:orgs", "projects": "tenancy:projects", "release": "release:release",
     "replicas": "status:replicas", "restart": "restart:restart", "retry": "status:retry",
@@ -53,7 +54,8 @@ class LazyGroup(click.Group):
     "admin_token",
     envvar="LLMGW_ADMIN_TOKEN",
     metavar="TOKEN",
-    help="Admin API token (default scheduler.admin_token, else <config_dir>/secrets/admin.token).",
+    help="Admin API token (default: the ID token `llmgw login` kept for the admin URL, else"
+    " scheduler.admin_token, else <config_dir>/secrets/admin.token).",
 )
 @cli_common.version_option
 @click.pass_context
@@ -63,6 +65,7 @@ def cli(ctx, config_path, admin_url, admin_token):
 
     \b
     Examples:
+      llmgw login
       llmgw status
       llmgw explain-placement gemma3-270m
       llmgw keys create --name demo

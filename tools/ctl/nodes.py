@@ -90,10 +90,11 @@ def _remove(state, name: str, kind: str, force: bool, direct: bool, as_json: boo
                 " drain it first and pass --force too, or remove it through the scheduler"
             )
         try:
-            peer = peers.peer_json(peers.remove(state.cfg.curve_dir(), name, kind))
+            removed = peers.remove(state.cfg.curve_dir(), name, kind)
         except peers.PeerError as e:
             raise click.ClickException(str(e)) from None
-        audit.record(f"{group}.remove", actor(), "local", name)
+        peer = peers.peer_json(removed)
+        audit.record(f"{group}.remove", actor(), "local", name, **peers.removal_detail(removed))
     else:
         if kind == "agent" and not force:
             _drain_first(state, name, wait_s, as_json)

@@ -6,6 +6,7 @@ import time
 import click
 
 from llmgw.human import age
+from llmgw.human import size as human_size
 from llmgw.placement import size
 from llmgw_ctl.api import client, model_path
 from llmgw_ctl.common import json_option, pass_state, print_json, print_table, queued
@@ -146,23 +147,64 @@ def replica_state(r: dict) -> str:
 
 
 def control_plane_line(cp: dict) -> str:
-    """'LEADER s1 (epoch 3, lease 12.1s left)  STANDBY s2 (seen 0.4s ago)'."""
-    leader = cp.get("leader")
+    """'LEADER s1 (epoch 3, lease 12.1s left)  STANDBY s2 (seen 0.4s ago)', or what is
+    wrong with the leader: not heard from while its lease runs, or no valid lease."""
     if cp.get("store_error"):
         head = f"LEADER unknown: the store is unreachable ({cp['store_error']})"
-    elif leader:
-        head = (
-            f"LEADER {leader['name']} (epoch {leader['epoch']}, lease {leader['expires_in']}s left)"
-        )
+    elif cp.get("leader"):
+        head = _leader_text(cp["leader"], cp.get("successors"))
     else:
-        head = "LEADER none: no scheduler holds the lease; nothing is placed or restarted"
+        head = _no_leader_text(cp.get("expired"), cp.get("successors"))
     others = [
-        f"{s['name']} (seen {s['seen_s_ago']}s ago)"
+        f"{s['name']} (seen {s['seen_s_ago']}s ago{copy_state(s)})"
         for s in cp.get("schedulers", ())
         if s["role"] == "standby"
     ]
     line = head + (f"  STANDBY {', '.join(others)}" if others else "")
+    lacking = [
+        f"{s['name']} has {copy_state(s).removeprefix(', ')}"
+        for s in cp.get("schedulers", ())
+        if s["role"] == "leader" and s.get("missing_blobs")
+    ]
+    line += "".join(f"  ({x})" for x in lacking)
     return line + f"  [answered by {cp['name']}, {cp['role']}]"
+
+
+def copy_state(s: dict) -> str:
+    """', mirror copied' or ', 3 files (2.0 GiB) to copy': how far a scheduler's own
+    copy of the mirror and the releases is behind what the store names ('' if unsaid)."""
+    n = s.get("missing_blobs")
+    if n is None:
+        return ""
+    if n == 0:
+        return ", mirror copied"
+    return f", {n} file{'s' if n != 1 else ''} ({human_size(s.get('missing_bytes') or 0)}) to copy"
+
+
+def _successors_text(successors) -> str:
+    return " or ".join(successors) if successors else ""
+
+
+def _leader_text(leader: dict, successors) -> str:
+    name, epoch, left = leader["name"], leader["epoch"], leader["expires_in"]
+    if not leader.get("presumed_down"):
+        return f"LEADER {name} (epoch {epoch}, lease {left}s left)"
+    seen = leader.get("seen_s_ago")
+    silent = f"not seen for {seen}s" if seen is not None else f"{name} restarted since"
+    who = _successors_text(successors)
+    then = (f"{who} takes over when it runs out" if who
+            else "no standby is running to take over")  # fmt: skip
+    return f"LEADER {name} (epoch {epoch}, {silent}: presumed down; lease {left}s left, {then})"
+
+
+def _no_leader_text(expired: dict | None, successors) -> str:
+    head = "LEADER none: no scheduler holds a valid lease"
+    if expired:
+        head += (f" ({expired['name']}'s, epoch {expired['epoch']}, ran out"
+                 f" {expired['expired_s_ago']}s ago)")  # fmt: skip
+    who = _successors_text(successors)
+    until = f" until {who} takes it" if who else ""
+    return head + f"; nothing is placed or restarted{until}"
 
 
 def print_replicas(replicas: list[dict], now: float, detail: bool = False) -> None:

@@ -27,7 +27,7 @@ def store_migrate(state, check):
     """
     url = state.cfg.store_url()
     try:
-        db = open_store(url)
+        db = open_store(url, timeout_s=state.cfg.store.timeout_s)
         if check:
             todo = pending(db)
             for name in todo:

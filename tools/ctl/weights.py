@@ -86,7 +86,9 @@ def _progress(p: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the weights as JSON.")
 @pass_state
 def weights_list(state, as_json):
-    """Every catalog model's weights: mirrored (with sha256, size and files) or not."""
+    """Every catalog model's weights: mirrored (with sha256, size and files), not
+    pulled, or replicating (pulled, but the scheduler answering has not copied every
+    file from another scheduler yet: `lacking` names them)."""
     rows = client(state).get("/v1/weights")
     if as_json:
         return print_json(rows)
@@ -104,8 +106,10 @@ def weights_list(state, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @pass_state
 def weights_verify(state, models, all_, as_json):
-    """Hash every mirrored file again; a corrupt one is deleted (no node gets it) and
-    the exit status is 1: pull the model again."""
+    """Hash every mirrored file again, in the answering scheduler's copy; a corrupt
+    one is deleted (no node gets it) and the exit status is 1. With another scheduler
+    that holds it, a missing or deleted file is copied back from there by itself;
+    otherwise pull the model again."""
     rows = client(state).post("/v1/weights/verify", _which(models, all_))
     if as_json:
         print_json(rows)

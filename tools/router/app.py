@@ -67,6 +67,7 @@ class Router:
             connect_timeout=rc.connect_timeout_s,
             total_timeout=rc.upstream_timeout_s,
             max_conns=rc.max_engine_connections,
+            dead_s=rc.dead_engine_s,
         )
         self.conversations = Conversations(db, chain_max=rc.responses_chain_max)
         self.proxy = Proxy(
@@ -138,6 +139,9 @@ class Router:
             # The feed's thread hands each new table to the loop; the request path only
             # ever sees a whole table.
             feed.apply = lambda eps, known: loop.call_soon_threadsafe(install, eps, known)
+            # Requests waiting for a model look again: none can be started now.
+            feed.on_cut_off = lambda: loop.call_soon_threadsafe(table.wake_waiters)
+            metrics.TABLE_AGE.set_function(feed.silent_s)
             feed.start()
         metrics.KEYS_LOADED.set_function(lambda: len(self.keys))
         metrics.USAGE_PENDING.set_function(self.usage.pending)
@@ -252,6 +256,21 @@ def _state(request) -> tuple[str, dict]:
         "routing_table": table.has_table,
         "models": table.models(),
         "usage_rows_pending": app["usage"].pending(),
+        **control_plane(app),
+    }
+
+
+def control_plane(app: dict) -> dict:
+    """How long since a scheduler last sent a table. A router cut off from them stays
+    ready: it serves its last table, and answers a model it cannot start at once."""
+    feed = app["proxy"].feed
+    if feed is None:
+        return {}
+    return {
+        "control_plane": {
+            "reachable": not feed.cut_off(),
+            "table_age_s": round(feed.silent_s(), 1),
+        }
     }
 
 

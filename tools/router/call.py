@@ -10,7 +10,7 @@ import json
 import time
 
 from llmgw import engines, log
-from llmgw_router import metrics, prefix, tokens
+from llmgw_router import metrics, prefix, tokens, traces
 from llmgw_router.api import OPENAI
 from llmgw_router.errors import ApiError, Untranslatable, api_error
 from llmgw_router.exchange import Answer, Stream
@@ -101,6 +101,9 @@ class Call(Relay):
         self.affinity = None  # the prompt's prefix key, when routing by prefix (prefix.py)
         self._framer = None  # a stream's events as they come (sse.py)
         self._reader = None  # its API's reader: usage, content events, its end (meter.py)
+        # The request's span while tracing is on (traces.py), and the attempt's if sampled.
+        self.trace = None
+        self.attempt = None
 
     # -- the attempt loop ------------------------------------------------------------
 
@@ -132,6 +135,8 @@ class Call(Relay):
                 sent = self._ask_progress(ep, sent)
                 ep.outstanding += 1
                 head = b"".join((line, ep.head, b"x-request-id: ", self.rid.encode(), b"\r\n"))
+                if self.trace is not None:
+                    head += self._traced(ep, len(tried))
                 key = self.affinity
                 if key is not None and key.holder is not None:
                     await self._hold(ep, key)
@@ -143,8 +148,10 @@ class Call(Relay):
                     ep.outstanding -= 1
                     self._routed(ep)
                     if e.kind == "local" and self.resp is None:
+                        self._attempt_done(None)
                         return self._out_of_resources(ep, e)
                     last_reason = self._upstream_failed(ep, e, e.kind)
+                    self._attempt_done(None)
                     continue
                 try:
                     if self._keepalive_task is not None:
@@ -160,7 +167,9 @@ class Call(Relay):
                             ep, f"HTTP {upstream.status} {text}", kind=f"http_{upstream.status}"
                         )
                         continue
-                    if self.stream and upstream.status == 200:
+                    if self.stream and upstream.status == 200 and self.attempt is not None:
+                        resp = await self._traced_stream(upstream)
+                    elif self.stream and upstream.status == 200:
                         resp = await self._relay_stream(upstream)
                     else:
                         resp = await self._relay_whole(upstream)
@@ -176,6 +185,7 @@ class Call(Relay):
                     self.meter.cached = self.meter.decode_weight = None
                     ep.last_used = time.monotonic()
                     upstream.release()
+                    self._attempt_done(upstream.status)
             if self._keepalive_task is not None:
                 await self._settle()
             return await self._give_up(tried, last_reason)
@@ -183,6 +193,28 @@ class Call(Relay):
             self._stop_keepalive()
             if self._keepalive_task is not None:
                 self._keepalive_task.cancel()
+            self._attempt_done(None)  # cancelled mid-attempt: its span ends all the same
+
+    def _traced(self, ep: Endpoint, n: int) -> bytes:
+        """Begin the attempt's span (if the request is sampled); the traceparent header
+        line that makes the engine's work its child (or the request's, if not sampled)."""
+        span = self.trace
+        if span.is_recording():
+            self.attempt = span = traces.attempt(span, ep, n)
+        return traces.traceparent_line(span)
+
+    def _attempt_done(self, status: int | None) -> None:
+        if self.attempt is not None:
+            traces.attempt_done(self.attempt, status)
+            self.attempt = None
+
+    async def _traced_stream(self, upstream) -> Answer | Stream | None:
+        """The stream relayed, in a span of its own under the attempt's."""
+        stream = traces.stream(self.attempt)
+        try:
+            return await self._relay_stream(upstream)
+        finally:
+            traces.stream_done(stream, self)
 
     async def _hold(self, ep: Endpoint, key) -> None:
         """Wait for the request evaluating this prompt on `ep` to end (prefix.hold)."""
@@ -247,6 +279,8 @@ class Call(Relay):
     def _upstream_failed(self, ep: Endpoint, err, kind: str) -> str:
         reason = str(err) or type(err).__name__
         metrics.UPSTREAM_ERRORS.labels(ep.id, kind).inc()
+        if self.attempt is not None:
+            traces.failed(self.attempt, kind, reason)
         self.up.table.failed(ep, time.monotonic())
         _log.warning(
             "upstream_failed",

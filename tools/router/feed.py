@@ -26,6 +26,9 @@ from llmgw_router.routing import Endpoint, RoutingTable
 _log = log.get("llmgw.router.feed")
 
 # Schedulers publish the whole table every few seconds (scheduler.snapshot_s, 3 s).
+# Silent this long, the connection is likely dead (reconnect), and the router is cut
+# off from the control plane: it cannot start a model, so a request for one that has no
+# ready replica is answered at once (proxy.py) rather than held for the activation window.
 SILENCE_S = 10.0
 # How often the schedulers hear which models were used, so idle on-demand models stop.
 ACTIVITY_S = 2.0
@@ -192,6 +195,12 @@ class Feed:
         self._dealers: list = []
         self._poller: zmq.Poller | None = None
         self._last = 0.0
+        # When a scheduler last sent a table we applied (monotonic; the feed's start
+        # until one has), and whether we have said that they went silent.
+        self.heard_at = time.monotonic()
+        self._cut_said = False
+        # Called on the feed's thread when the schedulers have been silent SILENCE_S.
+        self.on_cut_off = lambda: None
         self._next_activity = 0.0
         self.ctx: zmq.Context | None = None
         # The schedulers' bus sockets, for `want` and `activity` (empty: none sent).
@@ -211,9 +220,13 @@ class Feed:
         os.set_blocking(self._wake_w, False)
 
     def handle(self, data: bytes) -> bool:
-        """Apply one message; False if it was not a table or a diff we could use."""
+        """Apply one message; False if it was not a table or a diff we could use. One
+        applied is word from the control plane (a deposed leader's is not)."""
         with _no_gc():
-            return self._handle(data)
+            applied = self._handle(data)
+        if applied:
+            self._heard(time.monotonic())
+        return applied
 
     def _handle(self, data: bytes) -> bool:
         try:
@@ -317,6 +330,32 @@ class Feed:
         except BlockingIOError:
             pass  # already woken
         return self._want_n
+
+    def silent_s(self, now: float | None = None) -> float:
+        """Seconds since a scheduler last sent a table (since the feed started, if none
+        has yet): what llmgw_router_table_age_seconds says."""
+        return max(0.0, (time.monotonic() if now is None else now) - self.heard_at)
+
+    def cut_off(self, now: float | None = None) -> bool:
+        """Whether the schedulers have been silent so long that none can be asked to
+        start anything: SILENCE_S (three missed snapshots at the default snapshot_s)."""
+        return self.silent_s(now) > SILENCE_S
+
+    def _heard(self, now: float) -> None:
+        self.heard_at = now
+        if self._cut_said:
+            self._cut_said = False
+            _log.info("control_plane_reachable", epoch=self.epoch)
+
+    def _check_silence(self, now: float) -> None:
+        if not self._cut_said and self.cut_off(now):
+            self._cut_said = True
+            _log.warning(
+                "control_plane_unreachable",
+                silent_s=round(self.silent_s(now), 1),
+                action="serving the last table; models it cannot start answered 503",
+            )
+            self.on_cut_off()
 
     def answered(self, model: str) -> int:
         """The newest of our wants for `model` that a scheduler's pass has answered."""
@@ -439,6 +478,7 @@ class Feed:
             self._send_activity(dealers)
             self._next_activity = now + ACTIVITY_S
         if sub not in events:
+            self._check_silence(now)
             if now - self._last > SILENCE_S:
                 if self._handshakes.refused is None:  # a refusal was said once already
                     _log.warning("schedulers_silent", seconds=SILENCE_S, action="reconnecting")
@@ -454,12 +494,16 @@ class Feed:
         while sub.poll(0):
             batch.append(sub.recv())
         self._last = now
+        applied = False
         for data in _to_apply(batch):
-            self.handle(data)
+            applied = self.handle(data) or applied
+        if not applied:
+            self._check_silence(now)
         return 0.0
 
     def start(self) -> None:
         self.ctx = zmq.Context()
+        self.heard_at = time.monotonic()
         self.worker.start()
 
     def stop(self) -> None:

@@ -10,7 +10,7 @@ import peewee
 import uvloop
 from aiohttp import web
 
-from llmgw import bus, catalog, cli, log, tls
+from llmgw import bus, catalog, cli, log, tls, tracing
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.openfiles import raise_open_files
@@ -55,6 +55,7 @@ def main(config_path, listen, endpoints):
         # Fail closed, as the scheduler does: a router that ran on without the catalog
         # would lose its prices (budgets uncounted) and fallbacks without a word.
         catalog.from_config(cfg)
+        tracing.check(cfg.tracing)
     except Error as e:
         raise click.ClickException(str(e)) from None
     log.setup("llmgw-router", cfg.log.level)
@@ -75,7 +76,7 @@ def main(config_path, listen, endpoints):
         _log.warning("no_endpoints", hint="give --endpoint, [[router.endpoints]] or schedulers")
     url = cfg.store_url()
     try:
-        db = open_store(url)
+        db = open_store(url, timeout_s=cfg.store.timeout_s, bounded=True)
         migrate(db)
         db.close()
     except Error as e:
@@ -160,6 +161,8 @@ def main(config_path, listen, endpoints):
             raise click.ClickException(
                 f"router.tls_cert/tls_key: cannot load {cfg.router.tls_cert}: {e}"
             ) from None
+    # Spans go to the collector from a thread of the exporter's (tracing.py), if at all.
+    tracing.setup(cfg.tracing, "llmgw-router")
     # The event loop takes the GIL back from another thread after 0.5 ms, not 5: the
     # usage writer (at a lower priority, preempted while holding the GIL) kept requests
     # waiting the whole 5 ms.
@@ -189,6 +192,7 @@ def main(config_path, listen, endpoints):
         finally:
             if share is not None:
                 share.stop()
+            tracing.shutdown()
         sys.exit(0)
     try:
         loop.run_until_complete(serve(router, host, port, ssl_context))
@@ -198,6 +202,7 @@ def main(config_path, listen, endpoints):
         if share is not None:
             share.stop()
         loop.close()
+        tracing.shutdown()
     sys.exit(0)
 
 

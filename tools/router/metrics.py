@@ -14,6 +14,9 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+# Spans the exporter sent, dropped or failed to send (llmgw.tracing): on this page too.
+from llmgw.tracing import EXPORT_FAILURES, SPANS_DROPPED, SPANS_EXPORTED  # noqa: F401
+
 
 class _Family:
     """A metric's children by label values, made on first use; registered to be read at
@@ -166,6 +169,18 @@ USAGE_DROPPED = Counter(
 USAGE_SPOOL_ERRORS = Counter(
     "llmgw_router_usage_spool_errors",
     "Usage rows the spool could not take (unwritable directory, full disk); they wait in memory",
+)
+TABLE_AGE = Gauge(
+    "llmgw_router_table_age_seconds",
+    "Seconds since a scheduler last sent this router a routing table (since its start if"
+    " none has); 0 for a router without schedulers",
+)
+CONTROL_PLANE_UNREACHABLE = Counter(
+    "llmgw_router_control_plane_unreachable",
+    "Requests for a model with no ready replica that could not be started, the schedulers"
+    " being silent: answered 503 control_plane_unreachable at once (unless a fallback"
+    " answered), by model",
+    ["model"],
 )
 USAGE_PENDING = Gauge("llmgw_router_usage_rows_pending", "Usage rows waiting to be written")
 KEYS_LOADED = Gauge("llmgw_router_api_keys", "API keys held in memory")

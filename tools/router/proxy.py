@@ -15,9 +15,9 @@ import json
 import secrets
 import time
 
-from llmgw import log
+from llmgw import log, tracing
 from llmgw.states import ModelState
-from llmgw_router import metrics, routes
+from llmgw_router import metrics, routes, traces
 from llmgw_router.admission import Admission
 from llmgw_router.api import OPENAI
 from llmgw_router.call import CLIENT_CLOSED, Call, Upstreams
@@ -126,16 +126,29 @@ class Proxy:
     async def forward(self, request, route: Route) -> Answer | Stream:
         t0 = time.perf_counter()
         rid = request_id(request)
+        # The request's span while tracing is on (traces.py); None, and nothing made, if off.
+        span = None if tracing.tracer is None else traces.request_span(request, route, rid)
         try:
             key = self.authorise(request)
         except ApiError as e:
-            return count(e.answer(rid), "", route.path)
+            resp = count(e.answer(rid), "", route.path)
+            if span is not None:
+                traces.refused(span, route.path, rid, resp.status)
+            return resp
         policy = self.policies.policy(key)
         ticket = Ticket(rid, key.id, policy.who, t0, route.path)
+        if span is not None:
+            ticket.span = span
+            ticket.traced = span if span.is_recording() else None
         try:
             payload, body, reservation = await self.admit(request, route, ticket, key, policy)
         except ApiError as e:
-            return self.reject(e.answer(rid), ticket, ticket.model)
+            resp = self.reject(e.answer(rid), ticket, ticket.model)
+            if span is not None:
+                span.end()
+            return resp
+        if ticket.traced is not None:
+            traces.asked(ticket.traced, payload)
         stream = payload.get("stream") is True
         try:
             return await self.answer(request, route, ticket, policy, key, payload, body, stream,
@@ -156,6 +169,8 @@ class Proxy:
             )
         finally:
             self.account(ticket, reservation)
+            if span is not None:
+                span.end()
 
     async def admit(self, request, route: Route, ticket: "Ticket", key, policy):
         """(payload, the bytes the engine gets, the reservation or None) for a request
@@ -260,9 +275,14 @@ class Proxy:
                 deadline = time.monotonic() + self.queue_deadline_s
             wait = deadline - time.monotonic() if last or first else 0.0
             # enter_now first: the usual case, a free slot, needs no coroutine.
-            if not self.admission.enter_now(name) and not await self.admission.enter(
-                name, band, wait
-            ):
+            admitted = self.admission.enter_now(name)
+            if not admitted:
+                t = ticket.traced
+                queue = t and traces.admission(t, name, self.admission, band)
+                admitted = await self.admission.enter(name, band, wait)
+                if queue is not None:
+                    traces.admitted(queue, admitted)
+            if not admitted:
                 err = err if err is not None else ticket.fail(saturated(name, ticket.rid))
                 self._fell_back(ticket.model, names, i, "saturated")
                 continue
@@ -270,6 +290,7 @@ class Proxy:
                 call = Call(self.up, request, route, ticket.rid, name, stream, ticket.client_usage,
                             ticket.t0, ticket.headers)  # fmt: skip
                 ticket.call = call
+                call.trace = ticket.span
                 call.affinity = affinity
                 call.before_done = functools.partial(self._stream_done, ticket, call)
                 call.on_answer = ticket.on_answer
@@ -324,21 +345,45 @@ class Proxy:
         waits for the answer to its own want only: an earlier "unplaceable" may be stale
         (room may have been made since), and a fresh one ends the wait at once rather
         than after the whole window. A parked model is answered at once (so is any, with
-        `hurry`, when a fallback may answer sooner than a model that is still starting)."""
+        `hurry`, when a fallback may answer sooner than a model that is still starting),
+        and so is every model while the schedulers are silent (`cut_off`): none of them
+        can start it. The want is sent all the same: it is delivered if the link heals."""
         n = self.feed.want(model) if self.feed is not None else 0
         state, _ = self.table.status(model) or (ModelState.STARTING, "")
         if state == "parked" or self.activation_s <= 0 or hurry or (state, n) == ("unplaceable", 0):
             return False
+        if self.cut_off():
+            return False
 
-        def refused() -> bool:  # our own want answered, and the answer is no
+        def refused() -> bool:  # our own want answered and the answer is no, or cut off
+            if self.cut_off():
+                return True
             answer = self.table.status(model) or (ModelState.STARTING, "")
             return n and self.feed.answered(model) >= n and answer[0] in ("parked", "unplaceable")
 
         return await self.table.wait_served(model, self.activation_s, refused)
 
+    def cut_off(self) -> bool:
+        """Whether this router has heard no scheduler for so long that it cannot have a
+        model started (feed.SILENCE_S); never without a feed."""
+        return self.feed is not None and self.feed.cut_off()
+
     def not_ready(self, model: str, rid: str) -> Answer:
         """A catalog model with no ready replica: wait for one that is coming, or hear at
         once why one will not come."""
+        if self.cut_off():
+            silent = int(self.feed.silent_s())
+            metrics.CONTROL_PLANE_UNREACHABLE.labels(model).inc()
+            return api_error(
+                503,
+                f"The model '{model}' has no ready replica, and this router has not heard"
+                f" from the schedulers for {silent}s, so it cannot start one; models with"
+                " ready replicas are still served.",
+                "server_error",
+                "control_plane_unreachable",
+                rid,
+                retry_after=10,
+            )
         state, reason = self.table.status(model) or (ModelState.STARTING, "")
         if state in ("parked", "unplaceable"):
             why = reason.strip().splitlines()[-1] if reason.strip() else "no reason given"
@@ -416,6 +461,12 @@ class Proxy:
                 of_model.completion_tokens.inc(completion)
             metrics.OVERHEAD.observe(call.overhead)
         ep = call.endpoint if call is not None else None
+        if ticket.traced is not None:
+            engine = (ep.engine if ep is not None else "") or (info.engine if info else "")
+            path = ticket.api or ""
+            traces.accounted(ticket.traced, traces.OPERATIONS.get(path, path), path, ticket.rid,
+                             requested, served, engine, status, prompt, completion, cached,
+                             ttft)  # fmt: skip
         who = ticket.who
         self.usage.record(
             UsageRow(
@@ -458,7 +509,7 @@ class Ticket:
 
     __slots__ = ("rid", "key_id", "who", "t0", "model", "status", "call", "headers",
                  "reservation", "grade", "accounted", "api", "client_usage",
-                 "on_answer")  # fmt: skip
+                 "on_answer", "span", "traced")  # fmt: skip
 
     def __init__(self, rid: str, key_id: str, who, t0: float, api: str | None = None):
         self.rid, self.key_id, self.who, self.t0 = rid, key_id, who, t0
@@ -472,6 +523,8 @@ class Ticket:
         self.accounted = False
         self.client_usage = True  # a stream's client asked for its usage chunk
         self.on_answer = None  # its route's hook on the answer (routes.Route.prepare)
+        self.span = None  # its span while tracing is on (traces.py)
+        self.traced = None  # the same, if the sampler chose it: only then are there children
 
     def fail(self, resp: Answer) -> Answer:
         self.status = resp.status

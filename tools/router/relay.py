@@ -27,7 +27,8 @@ class Relay:
         "request", "rid", "model", "stream", "client_usage", "headers", "t_first", "status",
         "meter", "overhead", "resp", "_keepalive", "_keepalive_task", "_waiting_first",
         "before_done", "_broke", "field", "translator", "translating", "_framer", "_reader",
-        "on_answer", "route", "endpoint", "affinity", "keepalive_s", "_answered",
+        "on_answer", "route", "endpoint", "affinity", "keepalive_s", "_answered", "trace",
+        "attempt",
     )  # fmt: skip
 
     def _upstream_failed(self, ep, err, kind: str) -> str:

@@ -132,10 +132,15 @@ class RoutingTable:
                     fut.set_result(True)
             self._table_waiters = []
         # Every table wakes every waiter: served, or to look at what the table says now.
+        self.wake_waiters()
+
+    def wake_waiters(self) -> None:
+        """Have every request waiting for a model look again: served now, or whether its
+        `given_up()` says to stop (say, the schedulers have gone silent)."""
         for model in list(self._waiters):
             for fut in self._waiters.pop(model):
                 if not fut.done():
-                    fut.set_result(model in by_model)
+                    fut.set_result(model in self._by_model)
 
     async def wait_served(self, model: str, timeout: float, given_up=None) -> bool:
         """Wait (on the event loop) until `model` has an endpoint; False at the deadline,

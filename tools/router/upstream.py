@@ -25,6 +25,7 @@ never guessed at. llhttp cannot know a response answers HEAD, so this client sen
 import asyncio
 import collections
 import errno
+import socket
 import ssl as ssl_module
 from urllib.parse import urlsplit
 
@@ -370,13 +371,38 @@ class Response:
             conn.close()
 
 
+def dead_after(sock, seconds: float) -> None:
+    """Give a connection up once its peer's host has not answered for about `seconds`.
+
+    An engine cut off by a partition sends nothing, not even a reset: a whole answer's
+    wait would last upstream_timeout_s (minutes), though nothing had reached the client
+    and another replica could answer. TCP keepalive probes (the first after seconds/2 of
+    silence, then every seconds/6, three unanswered) and TCP_USER_TIMEOUT (data sent and
+    not acknowledged for `seconds`) find the path dead; the connection then fails, and
+    the request is retried elsewhere if nothing of it reached the client. A slow engine
+    is not dead: its kernel answers the probes while it computes."""
+    if sock is None or seconds <= 0:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's keepalive
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, round(seconds / 2)))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, round(seconds / 6)))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
+    except OSError:
+        pass  # not TCP (a test's socket pair): nothing to probe
+
+
 class Pool:
     """Kept-alive connections per origin; a request takes one or opens a new one."""
 
     def __init__(self, connect_timeout: float = 3.0, total_timeout: float = 600.0,
-                 max_conns: int = 1024):  # fmt: skip
+                 max_conns: int = 1024, dead_s: float = 10.0):  # fmt: skip
         self.connect_timeout = connect_timeout
         self.total_timeout = total_timeout
+        self.dead_s = dead_s  # an engine silent this long, and its host too: see dead_after
         # Connections to one engine at most: past it, a request waits for one to come
         # free. An engine answers a few requests at once (its slots) and queues the
         # rest anyway; this keeps a burst of clients from costing a file descriptor
@@ -438,6 +464,8 @@ class Pool:
             raise UpstreamError(
                 kind, f"cannot connect to {origin.host}:{origin.port}: {e.strerror or e}"
             ) from None
+        if conn.transport is not None:
+            dead_after(conn.transport.get_extra_info("socket"), self.dead_s)
         return conn
 
     async def request(self, origin: Origin, head: bytes, body: bytes) -> Response:

@@ -66,7 +66,8 @@ def operators_list(h):
 
 
 def whoami(h):
-    return 200, {"name": h.who.name, "role": h.who.role}
+    """`via`: "token" (an operator's or the bootstrap token) or "oidc" (an ID token)."""
+    return 200, {"name": h.who.name, "role": h.who.role, "via": h.who.via}
 
 
 def operators_add(h):

@@ -47,3 +47,14 @@ class NotWritten(Refused):
     """A file the scheduler could not write."""
 
     code = "not_written"
+
+
+class Unavailable(Refused):
+    """Something this scheduler should serve and does not hold yet (a blob or release it
+    is still copying from a peer): try again after `retry_after` seconds."""
+
+    code = "unavailable"
+
+    def __init__(self, message: str, retry_after: float, code: str | None = None):
+        super().__init__(message, code)
+        self.retry_after = retry_after

@@ -10,6 +10,7 @@ from llmgw import lease
 from llmgw.errors import Invalid, NotFound
 from llmgw.placement import Fleet, first_fit, gpus_needed, pick_gpus
 from llmgw.states import LIVE, LOST, ShardState
+from llmgw.store import SchedulerSeen
 from llmgw_scheduler.errors import AgentSilent
 from llmgw_scheduler.models import profile_of
 
@@ -197,19 +198,28 @@ def status(h):
 
 
 def control_plane(s) -> dict:
-    """The lease and every scheduler, from the store (outside the scheduler's lock)."""
+    """The lease, whether its holder is still heard from, and every scheduler, from the
+    store (outside the scheduler's lock): a standby answering for a leader that died must
+    not show its lease counting down as if all were well."""
     if s.leadership is None:
         return {}
+    ld = s.leadership
     try:
-        held = lease.current(s.leadership.db)
-        peers = lease.schedulers(s.leadership.db)
+        held = lease.current(ld.db)
+        peers = lease.schedulers(ld.db)
+        behind = {r.name: (r.missing_blobs, r.missing_bytes) for r in SchedulerSeen.select()}
+        if held is None or not held.holder:
+            seen = None
+        elif held.holder == ld.holder:
+            seen = 0.0  # this process: alive, whatever its row says yet
+        else:
+            seen = lease.holder_seen_s(ld.db, held.holder)
     except Exception as e:
         return {"store_error": str(e)[:200]}
-    leader = None
-    if held is not None and held.expires_in > 0:
-        leader = {"name": held.name, "admin_url": held.admin_url, "epoch": held.epoch,
-                  "expires_in": round(held.expires_in, 1)}  # fmt: skip
-    return {"leader": leader, "schedulers": peers}
+    for p in peers:  # how far its copy of the mirror and releases is behind (None: unsaid)
+        p["missing_blobs"], p["missing_bytes"] = behind.get(p["name"], (None, None))
+    return {**lease.standing(held, seen, peers, ld.s.renew_s, ld.s.standby_retry_s),
+            "schedulers": peers}  # fmt: skip
 
 
 def _read(h, what):

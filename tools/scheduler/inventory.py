@@ -270,6 +270,16 @@ class Inventory:
                 r.orphaned = True
         return newly
 
+    def forget_node(self, node_id: str) -> list[Replica]:
+        """Drop a removed node (`llmgw nodes remove`) with its replicas and workers, as if
+        it had never reported: not `lost`, not in any count. Returns its replicas."""
+        self.nodes.pop(node_id, None)
+        self._lost.discard(node_id)
+        gone = [self.remove(r.id) for r in self.on_node(node_id)]
+        for w in self.workers_on(node_id):
+            self.remove_worker(w.id)
+        return [r for r in gone if r is not None]
+
     def add(self, r: Replica) -> None:
         self.remove(r.id)
         self.replicas[r.id] = r

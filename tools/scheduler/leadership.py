@@ -40,6 +40,17 @@ def check_timings(cfg) -> None:
         )
 
 
+def store_timeout(cfg) -> float:
+    """How long this scheduler waits on the store: store.timeout_s, or step_down_s -
+    renew_s if less. A renewal sent renew_s after the last one then fails by the time
+    the leader must stop acting, rather than hanging for minutes on a store that
+    stopped answering: the lease worker is free to stand by, and comes back as soon as
+    the store answers. A standby's attempts are bounded alike, so it is ready to take
+    over when the lease runs out."""
+    s = cfg.scheduler
+    return max(0.5, min(cfg.store.timeout_s, s.step_down_s - s.renew_s))
+
+
 def _alive_here(holder: str) -> bool:
     """Whether a holder id (name/host/pid/nonce) names a live process on this host."""
     parts = holder.split("/")
@@ -97,12 +108,19 @@ class Leadership:
             return self.epoch > 0 and now < self._valid_until
 
     def lose(self, why: str) -> None:
-        """Step down now (an agent has seen a newer epoch, or the lease ran out)."""
+        """Step down now (an agent has seen a newer epoch, or the lease ran out).
+
+        The log line can come late: a renewal stuck on a store that stopped answering
+        is only seen to have failed when the call returns. The loop stopped acting when
+        `leading()` turned false, so the line says how long ago that was
+        (stopped_s_ago), which is what an operator lining up two schedulers' logs needs."""
+        now = time.monotonic()
         with self._lock:
-            was = self._valid_until > 0
+            was, until = self._valid_until > 0, self._valid_until
             self._valid_until = 0.0
         if was:
-            _log.warning("stepped_down", epoch=self.epoch, reason=why)
+            _log.warning("stepped_down", epoch=self.epoch, reason=why,
+                         stopped_s_ago=round(max(0.0, now - until), 3))  # fmt: skip
             self.on_change(self.epoch, False)
 
     # -- starting --------------------------------------------------------------------------

@@ -10,14 +10,18 @@ import time
 import peewee
 import zmq
 
-from llmgw import bus, log
-from llmgw.peers import name_of
+from llmgw import bus, log, tracing
+from llmgw.peers import drop_keypair, name_of, removed_since
 from llmgw.states import MsgType
-from llmgw.store import BusPeer, drop_connection
+from llmgw.store import BusPeer, db_proxy, drop_connection
+from llmgw.worker import Worker
 from llmgw_scheduler.published import Published
 from llmgw_scheduler.service import Scheduler
 
 _log = log.get("llmgw.scheduler")
+
+# How often the registered agents' and routers' keys are read from the store.
+PEERS_S = 2.0
 
 
 def lookup_peer(public_key: str) -> str | None:
@@ -34,12 +38,16 @@ class Loop:
         self.ctx = zmq.Context()
         self.auth = bus.PeerAuthenticator(self.ctx, lookup=lookup_peer, logger=_log).start_for()
         self._said: set[tuple[str, str, str]] = set()  # (what, key owner, claimed), logged
+        self._removals_read = 0  # the newest removal's audit entry read (refresh_peers)
         self.refresh_peers()
+        # Read again on its own thread: on the loop's, a store that stopped answering held
+        # the lock every admin request and every agent's message waits on.
+        self.peers = Worker("bus_peers", self._read_peers, PEERS_S, db=db_proxy.obj,
+                            logger=_log, backoff_max_s=PEERS_S)  # fmt: skip
         self.router = bus.serve(self.ctx, zmq.ROUTER, cfg.scheduler.bus, keys)
         self.pub = bus.serve(self.ctx, zmq.PUB, cfg.scheduler.publish, keys)
         self.published = Published()  # the last table sent, for the next diff
         self.running = True
-        self.next_peers = 0.0
         # A new keypair to serve with, set by the admin API (`keys rotate-scheduler
         # --finish`) and applied on this thread, which owns the sockets.
         self.rekey: tuple[bytes, bytes] | None = None
@@ -58,18 +66,49 @@ class Loop:
 
     def refresh_peers(self) -> None:
         try:
-            peers = list(BusPeer.select())
+            self._read_peers()
         except Exception as e:  # the store is down: keep the peers we know, reconnect later
             _log.debug("peers_not_refreshed", reason=str(e)[:200])
             drop_connection()
-            return
-        self.auth.set_peers({p.public_key: p.name for p in peers})
-        self.sched.registered_nodes = sorted(p.name for p in peers if p.kind == "agent")
+
+    def _read_peers(self) -> None:
+        """Read the registered keys and the removals from the store without the
+        scheduler's lock, then apply them under it. Only a node known before the read
+        began may be forgotten (one that said hello meanwhile was registered after it),
+        and a read that a revocation overtook is not applied to the ZAP handler."""
+        s = self.sched
+        with s.lock:
+            known = set(s.inv.nodes)
+        revocations = self.auth.revocations
+        peers = list(BusPeer.select())
+        removed, self._removals_read = removed_since(self._removals_read)
+        if self.auth.revocations == revocations:
+            self.auth.set_peers({p.public_key: p.name for p in peers})
+        self._drop_revoked_keys(removed, {p.public_key for p in peers})
+        agents = sorted(p.name for p in peers if p.kind == "agent")
+        with s.lock:
+            s.registered_nodes = agents
+            # A node the store no longer has was removed (through the other scheduler, or
+            # with `--store`): its key is refused from now on, so nothing it says brings
+            # it back.
+            for node in known - set(agents):
+                s.forget_node(node)
+
+    def _drop_revoked_keys(self, removed: list[tuple[str, str]], registered: set[str]) -> None:
+        """Delete this machine's copy of every removed peer's keypair (install.md has the
+        operator copy each keypair to both schedulers): the scheduler that handled the
+        removal deleted only its own. Read from the audit log, so one that was down at
+        the time drops it at its start."""
+        curve = self.cfg.curve_dir()
+        for name, public in removed:
+            if public not in registered and drop_keypair(curve, name, public):
+                _log.info("revoked_keypair_deleted", peer=name, public_key=public[:8])
 
     def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         s = self.sched
+        self.peers.start()
         while self.running:
             if self.rekey is not None:
                 self._apply_rekey(poller)
@@ -78,15 +117,12 @@ class Loop:
                 if events:
                     self._receive()
                 now = time.monotonic()
-                if now >= self.next_peers:
-                    self.refresh_peers()
-                    self.next_peers = now + 2.0
                 if now >= s.next_tick or s.wake:
                     s.wake = False
                     s.next_tick = now + self.cfg.scheduler.tick_s
                     try:
                         if s.leading():
-                            s.tick()
+                            self._pass()
                         else:
                             s.standby_tick()
                     except peewee.PeeweeException as e:
@@ -102,6 +138,25 @@ class Loop:
                 else:
                     s.step_down()
             s.write_behind()  # store writes that need not hold the lock
+
+    def _pass(self) -> None:
+        """A leader's placement pass; while tracing is on, one that started, stopped or
+        could not place something is a span, with what it decided (a pass that changed
+        nothing, as most do, is none: a trace a second of nothing would bury them)."""
+        s = self.sched
+        if tracing.tracer is None:
+            return s.tick()
+        began = time.time_ns()
+        s.tick()
+        d = s.last_decisions
+        if d is not None and (d.starts or d.stops or d.unplaceable):
+            attrs = {
+                "llmgw.starts": [f"{model}@{node}" for model, node, _ in d.starts],
+                "llmgw.stops": list(d.stops),
+                "llmgw.unplaceable": sorted(d.unplaceable),
+                "llmgw.epoch": s.epoch,
+            }
+            tracing.done("llmgw.placement_pass", began, attrs)
 
     def _receive(self) -> None:
         while True:
@@ -171,6 +226,7 @@ class Loop:
             self.pub.send(bus.encode(MsgType.ROUTES, "scheduler", body, s.epoch))
 
     def close(self) -> None:
+        self.peers.stop()
         self.router.close(0)
         self.pub.close(0)
         self.auth.stop()

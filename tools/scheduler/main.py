@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from prometheus_client import start_http_server
 
-from llmgw import bus, catalog, cli, dirs, log, tls
+from llmgw import bus, catalog, cli, dirs, log, tls, tracing
 from llmgw import config as configmod
 from llmgw.errors import Error
 from llmgw.openfiles import raise_open_files
@@ -17,10 +17,13 @@ from llmgw.store import ClusterSecret, migrate, open_store, redact
 from llmgw_scheduler import metrics
 from llmgw_scheduler.admin import admin_token
 from llmgw_scheduler.admin import serve as serve_admin
-from llmgw_scheduler.leadership import Leadership, check_timings
+from llmgw_scheduler.leadership import Leadership, check_timings, store_timeout
 from llmgw_scheduler.loop import Loop
 from llmgw_scheduler.needs import Needs
+from llmgw_scheduler.replicator import Replicator
+from llmgw_scheduler.replicator import check_timings as check_replication
 from llmgw_scheduler.service import Scheduler
+from llmgw_scheduler.signon import SignOn
 from llmgw_scheduler.usage_check import UsageCheck
 
 _log = log.get("llmgw.scheduler")
@@ -51,7 +54,9 @@ def main(config_path):
         cfg = configmod.load(config_path)
         extra = {e.name for e in cfg.agent.engines}
         models = catalog.load(cfg.models, extra_engines=extra)
-        db = open_store(cfg.store_url())
+        check_timings(cfg)
+        tracing.check(cfg.tracing)
+        db = open_store(cfg.store_url(), timeout_s=store_timeout(cfg), bounded=True)
         migrate(db)
         secret = cluster_secret()
         keys_dir = cfg.curve_dir()
@@ -60,10 +65,13 @@ def main(config_path):
         # Made (or read) here, not where the port is bound: a token that cannot be
         # written is its own error, not "cannot serve the admin API".
         token = admin_token(cfg)
+        signon = SignOn(cfg.oidc) if cfg.oidc.issuer else None
+        check_replication(cfg)
         dirs.writable(Path(cfg.paths.state_dir), "the scheduler's state")
     except Error as e:
         raise click.ClickException(str(e)) from None
     log.setup("llmgw-scheduler", cfg.log.level)
+    tracing.setup(cfg.tracing, "llmgw-scheduler")  # admin requests and placement passes
     needs = Needs(Path(cfg.paths.state_dir) / "weights")
     needs.load_measured()
     needs.load_mirrored()
@@ -96,6 +104,7 @@ def main(config_path):
             cfg=cfg,
             bus_auth=loop.auth,
             loop=loop,
+            signon=signon,
         )
     except OSError as e:
         loop.close()
@@ -107,6 +116,8 @@ def main(config_path):
     metrics.watch_fleet(sched)
     check = UsageCheck(sched, cfg.usage, db)
     check.start()
+    sched.replicator = Replicator(cfg, db, leadership.name, secret, sched.leading)
+    sched.replicator.start()
     if cfg.scheduler.metrics_listen:
         host, port = cli.parse_listen(cfg.scheduler.metrics_listen)
         if port:
@@ -129,9 +140,11 @@ def main(config_path):
         loop.run()
     finally:
         check.stop()
+        sched.replicator.stop()
         admin.shutdown()
         loop.close()
         leadership.stop()  # hands the lease over at once
+        tracing.shutdown()
     _log.info("stopped")
 
 

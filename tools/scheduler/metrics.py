@@ -13,6 +13,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from llmgw.placement import gpus_needed
 from llmgw.states import LIVE, LOST, ShardState
 
+# Spans the exporter sent, dropped or failed to send (llmgw.tracing): on this page too.
+from llmgw.tracing import EXPORT_FAILURES, SPANS_DROPPED, SPANS_EXPORTED  # noqa: F401
+
 BACKUP = Gauge(
     "llmgw_backup_last_success_timestamp_seconds",
     "When the newest backup archive was written (0: never)",
@@ -22,8 +25,49 @@ LEADER = Gauge(
     "llmgw_control_plane_leader", "1 while this scheduler holds the leader lease", ["scheduler"]
 )
 EPOCH = Gauge("llmgw_control_plane_epoch", "The newest leader epoch this scheduler took")
+ADMIN_UNAUTHENTICATED = Counter(
+    "llmgw_admin_unauthenticated_total",
+    "Admin API requests refused for a missing or wrong token (not in the audit log)",
+    ["access"],
+)
 RENEW_FAILURES = Counter(
     "llmgw_control_plane_renew_failures_total", "Lease renewals that could not reach the store"
+)
+
+# Replication between schedulers (replicator.py): each scheduler's own copy of the
+# mirror's blobs and the published releases.
+REPLICATION_MISSING = Gauge(
+    "llmgw_mirror_replication_missing_blobs",
+    "Mirror blobs and release files the store names that this scheduler does not hold",
+    ["scheduler"],
+)
+REPLICATION_MISSING_BYTES = Gauge(
+    "llmgw_mirror_replication_missing_bytes",
+    "Bytes of the blobs and release files this scheduler does not hold",
+    ["scheduler"],
+)
+REPLICATION_COPIED = Counter(
+    "llmgw_mirror_replication_copied_total",
+    "Blobs and release files copied from a peer scheduler, checked and kept",
+    ["scheduler"],
+)
+REPLICATION_COPIED_BYTES = Counter(
+    "llmgw_mirror_replication_copied_bytes_total",
+    "Bytes received from peer schedulers (a resumed transfer counts only what it received)",
+    ["scheduler"],
+)
+REPLICATION_FAILURES = Counter(
+    "llmgw_mirror_replication_failures_total",
+    "Failed copies from a peer, by reason: corrupt (sha256 mismatch: discarded), cut"
+    " (ended early: resumed next time), absent (the peer lacks it too), peer_error,"
+    " no_peer (no other scheduler to ask), invalid (a name that cannot be a file)",
+    ["scheduler", "reason"],
+)
+REPLICATION_BACKOFF = Gauge(
+    "llmgw_mirror_replication_backoff_seconds",
+    "The longest wait between tries of a copy that keeps failing (0: none failing);"
+    " at scheduler.replicate_backoff_max_s it has backed off as far as it goes",
+    ["scheduler"],
 )
 
 

@@ -8,7 +8,11 @@ For operators (an operator's or the bootstrap token):
   DELETE /v1/weights/MODEL        forget a model's weights (refused while it runs)
 
 For nodes only:
-  GET    /v1/mirror/blobs/SHA256  a blob, with Range (a fetch cut off resumes)
+  GET    /v1/mirror/blobs/SHA256  a blob, with Range (a fetch cut off resumes); 503 with
+                                  Retry-After for one still being copied from a peer
+
+For the other schedulers only (replicator.py):
+  GET    /v1/replication/blobs/SHA256   a blob this scheduler holds, with Range
 
 A node proves itself with `X-Llmgw-Node: NAME` and `Authorization: Bearer TOKEN`, the
 token being HMAC(cluster secret, NAME) that the scheduler sends it inside start_shard
@@ -27,8 +31,9 @@ from llmgw.catalog import source_kind
 from llmgw.errors import Invalid, NotFound
 from llmgw.mirror import File, Mirror, content_id, files_from
 from llmgw.operators import Who
-from llmgw.store import BusPeer, MirroredWeights
-from llmgw_scheduler.errors import Unauthorized
+from llmgw.store import BusPeer, MirroredWeights, SchedulerSeen
+from llmgw_scheduler.errors import Unauthorized, Unavailable
+from llmgw_scheduler.replication import BLOB
 
 _log = log.get("llmgw.scheduler.mirror")
 
@@ -58,13 +63,45 @@ def authenticate(h) -> Who:
     return Who(node, "node")
 
 
+def authenticate_peer(h) -> Who:
+    """Another scheduler copying what it lacks (replicator.py): its name, which the
+    store's `schedulers` rows must know, and HMAC(cluster secret, that name)."""
+    name = h.headers.get("X-Llmgw-Scheduler", "")
+    given = h.headers.get("Authorization", "")
+    token = given[7:].strip() if given.startswith("Bearer ") else ""
+    secret = h.sched.commands.cluster_secret
+    if not name or not mirror.peer_token_ok(secret, name, token) or not _scheduler(name):
+        raise Unauthorized("replication serves the other schedulers only")
+    return Who(name, "scheduler")
+
+
 def blob(h, sha256: str):
-    """A blob for a node, with Range."""
+    """A blob for a node, with Range. One the store names that this scheduler has not
+    copied from a peer yet is 503 with Retry-After, not 404: it will be here, and the
+    replication worker is told to copy it first (rather than fetch it through on this
+    request: a node's download then never rests on a second transfer it cannot see)."""
     path = _mirror(h).blob(sha256)
+    if not path.is_file() and _named(sha256):
+        wait = h.sched.replicator.hurry(BLOB, sha256) if h.sched.replicator else 30.0
+        raise Unavailable(
+            f"blob {sha256} is mirrored but this scheduler ({h.sched.name}) has not copied it"
+            " from another scheduler yet; it is being copied: try again shortly",
+            wait, "blob_replicating",
+        )  # fmt: skip
+    send_file(h, path, f"no blob {sha256} in the mirror", "blob_not_found")
+
+
+def peer_blob(h, sha256: str):
+    """A blob for another scheduler: what it has here, nothing fetched on its behalf."""
+    send_file(h, _mirror(h).blob(sha256), f"no blob {sha256} here", "blob_not_found")
+
+
+def send_file(h, path, missing: str, code: str):
+    """A file with Range (a fetch cut off resumes); NotFound(missing, code) if absent."""
     try:
         f = open(path, "rb")
     except OSError:
-        raise NotFound(f"no blob {sha256} in the mirror", "blob_not_found") from None
+        raise NotFound(missing, code) from None
     with f:
         size = os.fstat(f.fileno()).st_size
         start, end = _range(h.headers.get("Range", ""), size)
@@ -111,6 +148,15 @@ def _registered(node: str) -> bool:
     return BusPeer.select().where((BusPeer.name == node) & (BusPeer.kind == "agent")).exists()
 
 
+def _scheduler(name: str) -> bool:
+    return SchedulerSeen.select().where(SchedulerSeen.name == name).exists()
+
+
+def _named(sha256: str) -> bool:
+    """Whether any model's manifest in the store names this blob."""
+    return any(f.sha256 == sha256 for files in _manifests().values() for f in files)
+
+
 def weights_list(h):
     return 200, listing(h)
 
@@ -121,19 +167,24 @@ def listing(h) -> list[dict]:
         models = {m.name: m for m in [*s.models.values(), *s.catalog.adapters.values()]}
         used = {name: len(s.inv.of_model(name)) for name in models}
     rows = {r.model: r for r in MirroredWeights.select()}
+    mir = _mirror(h)
     out = []
     for name in sorted(set(models) | set(rows)):
         m, r = models.get(name), rows.get(name)
+        lacking = [f.name for f in files_from(r.files) if not mir.has(f)] if r else []
         out.append(weights_json(name, m.source if m else r.source, r, used.get(name, 0),
-                                in_catalog=m is not None))  # fmt: skip
+                                in_catalog=m is not None, lacking=lacking))  # fmt: skip
     return out
 
 
-def weights_json(name: str, source: str, row, replicas: int, in_catalog: bool = True) -> dict:
-    """The one JSON shape of a model's weights in the mirror."""
+def weights_json(name: str, source: str, row, replicas: int, in_catalog: bool = True,
+                 lacking: list[str] = ()) -> dict:  # fmt: skip
+    """The one JSON shape of a model's weights in the mirror. `lacking`: its files that
+    this scheduler does not hold (yet): `replicating` rather than `mirrored`, which once
+    said only what the store said while the new leader's disk was empty."""
+    state = "not pulled" if row is None else "replicating" if lacking else "mirrored"
     return {
-        "model": name, "source": source,
-        "state": "mirrored" if row is not None else "not pulled",
+        "model": name, "source": source, "state": state, "lacking": list(lacking),
         "sha256": row.sha256 if row else None,
         "size": row.size if row else None,
         "files": json.loads(row.files) if row else [],
@@ -258,6 +309,8 @@ def verify(h, name: str) -> dict:
     mir = _mirror(h)
     files = [{**f.json(), "state": mir.verify(f)} for f in files_from(row.files)]
     bad = [f for f in files if f["state"] != "ok"]
+    for f in bad if h.sched.replicator else ():  # copied again from a peer that has it
+        h.sched.replicator.hurry(BLOB, f["sha256"])
     if bad:
         _log.error("weights_corrupt", model=name,
                    files=",".join(f"{f['name']}:{f['state']}" for f in bad))  # fmt: skip

@@ -41,7 +41,3 @@ def record(h, name: str):
      .execute())  # fmt: skip
     h.audit(name, ssh=access["ssh"])
     return 200, access_json(NodeAccess.get(NodeAccess.node == name))
-
-
-def forget(name: str) -> None:
-    NodeAccess.delete().where(NodeAccess.node == name).execute()

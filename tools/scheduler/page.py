@@ -3,24 +3,30 @@
 For people with a browser, behind the admin API's token. A browser cannot send a bearer
 header from the address bar, so the page also takes the token once as `?token=`, keeps
 it in an HttpOnly cookie and redirects to the same path without it: the token stays out
-of the address bar, the history and the Referer. `render` is pure (view data and the
-time in, HTML out); `serve` is the HTTP edge.
+of the address bar, the history and the Referer. With sign-on configured ([oidc]), a
+browser with no credential is sent to sign in with the identity provider instead, and
+comes back with a session cookie (signon.py). `render` is pure (view data and the time
+in, HTML out); `serve` is the HTTP edge.
 """
 
 import ssl
 import time
 from html import escape
-from http.cookies import CookieError, SimpleCookie
+from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
+from llmgw import oidc
 from llmgw.human import age
+from llmgw.operators import Who
 from llmgw.placement import size
+from llmgw_scheduler import signon
 from llmgw_scheduler.fleet_api import View
 
 COOKIE = "llmgw_admin"
 REFRESH_S = 10
 
-# No script, no frames, no external anything: the only thing allowed is the inline CSS.
+# No script, no frames, no external anything: the only things allowed are the inline CSS
+# and the sign-out form, which posts to this scheduler.
 # no-store: the page is a snapshot of the fleet behind a token; no cache should keep it.
 HEADERS = {
     "Cache-Control": "no-store",
@@ -66,6 +72,7 @@ background:#d0d7de;border-radius:.4em;overflow:hidden}
 pre{white-space:pre-wrap;word-break:break-word;max-height:12em;overflow:auto;margin:.3em 0;
 background:#f6f8fa;padding:.5em}
 code{background:#eff1f3;padding:0 .25em}
+form.signout{display:inline}form.signout button{font:inherit;padding:0 .4em}
 """
 
 
@@ -148,8 +155,23 @@ def table(head: list[str], rows: list[list[str]], empty: str) -> str:
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: float) -> str:
-    """The page, from the admin API's NODE, MODEL and REPLICA shapes."""
+def signed_in(who: Who | None) -> str:
+    """Who is signed on through the identity provider, and the way out; nothing for a
+    token, which the browser holds until its cookie is cleared."""
+    if who is None or who.via != oidc.VIA:
+        return ""
+    return (
+        # A div, not a p: a form inside a paragraph ends it, and the button drops a line.
+        f'<div class="muted">signed in as {e(who.name)} ({e(who.role)}) '
+        '<form class="signout" method="post" action="/logout">'
+        "<button>sign out</button></form></div>"
+    )
+
+
+def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: float,
+           who: Who | None = None) -> str:  # fmt: skip
+    """The page, from the admin API's NODE, MODEL and REPLICA shapes; `who`: the
+    operator looking at it."""
     up = sum(1 for n in nodes if n["state"] == "up")
     serving = sum(1 for m in models if m["state"] == "serving")
     ready = sum(1 for r in replicas if r["state"] == "ready")
@@ -209,7 +231,8 @@ def render(nodes: list[dict], models: list[dict], replicas: list[dict], now: flo
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>llmgw status</title><style>{CSS}</style></head><body>"
         f'<h1>llmgw</h1><p class="muted">as of {e(when)}, refreshed every {REFRESH_S} s</p>'
-        f'<p class="summary"><span>nodes up {up}/{len(nodes)}</span>'
+        + signed_in(who)
+        + f'<p class="summary"><span>nodes up {up}/{len(nodes)}</span>'
         f"<span>models serving {serving}/{len(models)}</span>"
         f"<span>replicas ready {ready}/{len(replicas)}</span></p>"
         + (f"<h2>Needs action</h2>{''.join(actions)}" if actions else "")
@@ -256,20 +279,21 @@ not set, the file <code>&lt;config_dir&gt;/secrets/admin.token</code>
 """
 
 
-def _cookie(handler) -> str | None:
-    try:
-        jar = SimpleCookie(handler.headers.get("Cookie", ""))
-    except CookieError:
-        return None
-    morsel = jar.get(COOKIE)
-    return morsel.value if morsel else None
+SIGN_IN = """<p>Or <a href="/login">sign in</a> with the identity provider.</p>
+"""
 
 
-def _send(handler, status: int, body: str = "", headers: dict | None = None) -> None:
+def unauthorised(with_signon: bool) -> str:
+    return UNAUTHORISED.replace("</body>", SIGN_IN + "</body>") if with_signon else UNAUTHORISED
+
+
+def send(handler, status: int, body: str = "", headers: dict | None = None) -> None:
+    """An HTML answer with the page's headers; a Set-Cookie value may be a list."""
     data = body.encode()
     handler.send_response(status)
     for name, value in {**HEADERS, **(headers or {})}.items():
-        handler.send_header(name, value)
+        for one in value if isinstance(value, list) else [value]:
+            handler.send_header(name, one)
     if data:
         handler.send_header("Content-Type", "text/html; charset=utf-8")
     handler.send_header("Content-Length", str(len(data)))
@@ -277,16 +301,26 @@ def _send(handler, status: int, body: str = "", headers: dict | None = None) -> 
     handler.wfile.write(data)
 
 
+def _identify(handler, token: str | None) -> Who | None:
+    """The operator a token names; None for one that names nobody, the reason logged."""
+    try:
+        return handler.identify(token)
+    except oidc.SignOnError:
+        return None
+
+
 def authenticate(handler):
-    """The operator behind the request, from a bearer token, the cookie or `?token=`
-    (any role: the page only shows); None once the 401 page or the redirect that drops
-    `?token=` from the address bar is answered."""
+    """The operator behind the request, from a bearer token, the cookie, `?token=` or a
+    sign-on session (any role: the page only shows); None once the 401 page or a
+    redirect is answered: one that drops `?token=` from the address bar, or, with
+    sign-on, one to sign in for a browser that brings no credential at all."""
     url = handler.url
     query = parse_qsl(url.query, keep_blank_values=True)
     given = [v for k, v in query if k == "token"]
+    with_signon = handler.signon is not None
     if given:
-        if handler.identify(given[-1]) is None:
-            return _send(handler, 401, UNAUTHORISED)
+        if _identify(handler, given[-1]) is None:
+            return send(handler, 401, unauthorised(with_signon))
         jar = SimpleCookie()
         jar[COOKIE] = given[-1]
         jar[COOKIE].update({"httponly": True, "samesite": "Strict", "path": "/"})
@@ -294,17 +328,24 @@ def authenticate(handler):
             jar[COOKIE]["secure"] = True
         rest = urlencode([(k, v) for k, v in query if k != "token"])
         location = url.path + (f"?{rest}" if rest else "")
-        return _send(
+        return send(
             handler,
             303,
             headers={"Location": location, "Set-Cookie": jar[COOKIE].OutputString()},
         )
     bearer = handler.headers.get("Authorization", "")
-    who = (bearer.startswith("Bearer ") and handler.identify(bearer[7:].strip())) or (
-        handler.identify(_cookie(handler))
-    )
+    token = signon.cookie(handler, COOKIE)
+    who = (
+        (bearer.startswith("Bearer ") and _identify(handler, bearer[7:].strip()))
+        or _identify(handler, token)
+        or (handler.signon.session(signon.cookie(handler, signon.SESSION_COOKIE))
+            if with_signon else None)
+    )  # fmt: skip
     if not who:
-        return _send(handler, 401, UNAUTHORISED)
+        if with_signon and not bearer and not token:
+            where = urlencode({"next": url.path})
+            return send(handler, 303, headers={"Location": f"/login?{where}"})
+        return send(handler, 401, unauthorised(with_signon))
     return who
 
 
@@ -315,4 +356,4 @@ def serve(handler) -> None:
         view = View(sched)
         nodes, models, replicas = view.nodes(), view.models(), view.replicas()
         now = sched.clock()
-    _send(handler, 200, render(nodes, models, replicas, now))
+    send(handler, 200, render(nodes, models, replicas, now, handler.who))

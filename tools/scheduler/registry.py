@@ -11,7 +11,6 @@ from pathlib import Path
 from llmgw import apikeys, audit, peers, tenancy
 from llmgw.errors import Conflict, Invalid, NotFound
 from llmgw.store import ApiKey
-from llmgw_scheduler import onboarding_api
 
 
 def keys_list(h):
@@ -59,11 +58,10 @@ def peers_remove(h, name: str):
     if auth is not None:
         auth.revoke(peer.public_key)
     if kind == "agent" and h.sched is not None:
-        onboarding_api.forget(name)
         with h.sched.lock:  # forgotten: a node that joins later under this name is new
-            if name in h.sched.drained:
-                h.sched.undrain(name)
-    h.audit(name, action=f"{_noun(kind)}.remove", force=force or None)
+            h.sched.forget_node(name)
+    h.audit(name, action=f"{_noun(kind)}.remove", force=force or None,
+            **peers.removal_detail(peer))  # fmt: skip
     return 200, peers.peer_json(peer)
 
 

@@ -25,6 +25,7 @@ from llmgw_scheduler import (
     page,
     registry,
     releases_api,
+    signon,
     tenancy_api,
     usage_check,
 )
@@ -36,14 +37,18 @@ class Access(StrEnum):
 
     PUBLIC = "public"  # anyone: the cluster CA's certificate, public anyway
     NODE = "node"  # a registered node: X-Llmgw-Node and HMAC(cluster secret, name)
+    PEER = "peer"  # another scheduler: X-Llmgw-Scheduler and its HMAC (mirror.peer_token)
     JOIN = "join"  # a node joining: the one-time join token in the body, over HTTPS
     PAGE = "page"  # any operator from a browser: a bearer token, the cookie or ?token=
+    # anyone on the way into or out of a sign-on session (signon.py): the identity
+    # provider vouches for them at the callback, which checks what it sends back
+    SIGNON = "signon"
     READ = "read"  # any operator's bearer token (read or admin)
     ADMIN = "admin"  # an admin operator's bearer token
 
 
 # Who is not an operator: the routes that operators' tokens do not open.
-NOT_OPERATORS = (Access.PUBLIC, Access.NODE, Access.JOIN)
+NOT_OPERATORS = (Access.PUBLIC, Access.NODE, Access.PEER, Access.JOIN)
 
 
 @dataclass(frozen=True)
@@ -121,11 +126,19 @@ ROUTES: tuple[Route, ...] = (
     # For browsers: the status page, with its own ways to authenticate (page.py).
     Route("GET", "/", Access.PAGE, page.serve),
     Route("GET", "/status", Access.PAGE, page.serve),
+    # Sign-on through the identity provider (signon.py): on the way to a credential.
+    Route("GET", "/login", Access.SIGNON, signon.login),
+    Route("GET", "/oidc/callback", Access.SIGNON, signon.callback),
+    Route("POST", "/logout", Access.SIGNON, signon.logout),
+    Route("GET", "/v1/signon", Access.SIGNON, signon.settings),
     # For nodes, with their own credentials or none; never an operator's token.
     Route("GET", "/v1/join/ca", Access.PUBLIC, join_api.ca),
     Route("POST", "/v1/join", Access.JOIN, join_api.join, body=True,
           audit=("nodes.join", "nodes.join_refused")),
     Route("GET", "/v1/mirror/blobs/{sha256}", Access.NODE, mirror_api.blob),
+    # For the other schedulers, copying what they lack (replicator.py), on a standby too.
+    Route("GET", "/v1/replication/blobs/{sha256}", Access.PEER, mirror_api.peer_blob),
+    Route("GET", "/v1/replication/releases/{filename}", Access.PEER, releases_api.peer_file),
     # Reads: any operator, on a standby too.
     read("/v1/status", fleet_api.status),
     read("/v1/nodes", fleet_api.nodes),

@@ -64,6 +64,7 @@ class Scheduler:
         self.needs = needs
         self.clock = clock
         self.leadership = leadership  # for the admin API's status: the lease, the store
+        self.replicator = None  # copies the mirror and releases from peers (main sets it)
         self.role = Role(leadership)
         self.leading = self.role.leading
         self.flags = Flags()
@@ -107,6 +108,7 @@ class Scheduler:
         # When our last pass as leader ran (None: none since we started or took over):
         # fleet metrics wait for it, as routes do, so they never show a half-heard fleet.
         self.last_pass_at: float | None = None
+        self.last_decisions = None  # what the last pass decided (None: it decided nothing)
         self.seq = 0
         self.next_snapshot = 0.0
         self.next_tick = 0.0
@@ -233,6 +235,20 @@ class Scheduler:
         self.known_node(node)
         self.drains.undrain(node)
 
+    def forget_node(self, node: str) -> None:
+        """A node removed from the store (`llmgw nodes remove`, here or on the other
+        scheduler, or `--store`): gone from the inventory, its drain and every count, so
+        it is not shown `lost` a minute later nor counted at a takeover. Its replicas go
+        with it; the next pass replaces what the catalog still wants."""
+        if node in self.registered_nodes:  # not "never seen" until the next refresh
+            self.registered_nodes = [n for n in self.registered_nodes if n != node]
+        if node not in self.inv.nodes and node not in self.drains.drained:
+            return
+        gone = self.inv.forget_node(node)
+        self.drains.drained.pop(node, None)  # its row went with the peer's (peers.remove)
+        self.flags.routes_dirty = self.flags.wake = True
+        _log.info("node_forgotten", node=node, replicas=len(gone))
+
     def connected(self, node: str) -> None:
         """NotFound unless `node` has reported and is not lost."""
         if node not in self.inv.nodes or self.inv.nodes[node].lost:
@@ -291,6 +307,7 @@ class Scheduler:
 
     def tick(self) -> None:
         now = self.clock()
+        self.last_decisions = None
         for node in self.inv.mark_lost(now, self.cfg.node_lost_s):
             _log.warning("node_lost", node=node.id, silent_s=round(now - node.last_seen, 1),
                          replicas=len(self.inv.on_node(node.id)))  # fmt: skip
@@ -347,6 +364,7 @@ class Scheduler:
         self.eviction.room_coming(self.unplaceable, now)
         self.adapters.pass_(now)
         self.last_pass_at = now
+        self.last_decisions = decisions
         if self.demand.answer(asked):  # this pass is their answer
             self.flags.routes_dirty = True
 

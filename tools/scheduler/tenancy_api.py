@@ -12,6 +12,8 @@ import time
 
 from llmgw import tenancy, usage
 from llmgw.errors import Invalid, TenancyError
+from llmgw.store import db_proxy
+from llmgw.store.timeouts import patient
 
 # URL collection -> the kind of record it holds.
 COLLECTIONS = {"orgs": "org", "teams": "team", "projects": "project", "users": "user"}
@@ -44,7 +46,8 @@ def usage_report(h):
     now = time.time()
     try:
         since = float(h.q.get("since", now - 7 * 86400))
-        rows = usage.report(h.q.get("by", "key"), since, now)
+        with patient(db_proxy.obj):  # a long report is not a store that stopped answering
+            rows = usage.report(h.q.get("by", "key"), since, now)
     except ValueError as e:
         raise Invalid(str(e)) from None
     return 200, rows
@@ -118,6 +121,7 @@ def rollup(h):
         days = h.cfg.usage.retention_days
     if not isinstance(days, int) or isinstance(days, bool) or days < 0:
         raise TenancyError("invalid", "retention_days must be a whole number >= 0")
-    out = usage.rollup(time.time(), days)
+    with patient(db_proxy.obj):
+        out = usage.rollup(time.time(), days)
     h.audit("", retention_days=days, **out)
     return 200, out

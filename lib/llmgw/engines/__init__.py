@@ -81,6 +81,9 @@ class Launch:
     master: str = ""
     fabric_address: str = ""
     fabric_interface: str = ""
+    # Where an engine that traces sends its spans (OTLP/gRPC, `[tracing] endpoint` of the
+    # node's config); "": it traces nothing.
+    traces: str = ""
 
 
 @dataclass(frozen=True)

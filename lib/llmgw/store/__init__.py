@@ -13,6 +13,7 @@ import peewee
 
 from llmgw import dirs
 from llmgw.errors import StoreError
+from llmgw.store import timeouts
 from llmgw.store.migrations import migrate, pending  # noqa: F401  (re-exported)
 from llmgw.store.models import (  # noqa: F401  (re-exported)
     ALL_MODELS,
@@ -29,6 +30,7 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
     NodeAccess,
     Operator,
     ParkedModel,
+    PublishedRelease,
     ReplicaIntent,
     RuntimeModel,
     SchedulerSeen,
@@ -38,8 +40,14 @@ from llmgw.store.models import (  # noqa: F401  (re-exported)
 )
 
 
-def database_for(url: str) -> peewee.Database:
-    """A peewee database for `sqlite:///abs/path`, `sqlite:rel/path` or `postgresql://…`."""
+def database_for(
+    url: str, timeout_s: float = timeouts.DEFAULT_S, bounded: bool = False
+) -> peewee.Database:
+    """A peewee database for `sqlite:///abs/path`, `sqlite:rel/path` or `postgresql://…`.
+
+    PostgreSQL: connecting, and finding a peer gone, take about `timeout_s` at most;
+    `bounded` (the daemons) also bounds every round trip and statement by it
+    (timeouts.py says why and how)."""
     parsed = urlparse(url)
     if parsed.scheme == "sqlite":
         path = unquote(parsed.path) if parsed.netloc == "" else ""
@@ -53,6 +61,8 @@ def database_for(url: str) -> peewee.Database:
     if parsed.scheme in ("postgresql", "postgres"):
         if not parsed.path.strip("/"):
             raise StoreError(f"store URL {url!r}: name the database, postgresql://host/NAME")
+        if not timeout_s > 0:
+            raise StoreError(f"store.timeout_s ({timeout_s:g}) must be above 0")
         return peewee.PostgresqlDatabase(
             unquote(parsed.path.lstrip("/")),
             host=parsed.hostname,
@@ -61,13 +71,28 @@ def database_for(url: str) -> peewee.Database:
             password=unquote(parsed.password) if parsed.password else None,
             # Which tool and process holds a connection, in pg_stat_activity.
             application_name=f"{os.path.basename(sys.argv[0])[:40]}:{os.getpid()}",
+            **timeouts.libpq_params(timeout_s),
+            **(
+                {
+                    "options": timeouts.server_options(timeout_s),
+                    "connection_factory": timeouts.connection_class(float(timeout_s)),
+                }
+                if bounded
+                else {}
+            ),
         )
     raise StoreError(f"store URL {url!r}: scheme must be sqlite or postgresql")
 
 
-def open_store(url: str, create_dirs: bool = True) -> peewee.Database:
-    """Open the store at `url` and bind the models to it (no migration)."""
-    db = database_for(url)
+def open_store(
+    url: str,
+    create_dirs: bool = True,
+    timeout_s: float = timeouts.DEFAULT_S,
+    bounded: bool = False,
+) -> peewee.Database:
+    """Open the store at `url` and bind the models to it (no migration); `timeout_s` and
+    `bounded` as for database_for."""
+    db = database_for(url, timeout_s, bounded)
     if isinstance(db, peewee.SqliteDatabase) and create_dirs:
         # SQLite writes beside the file too (its -wal and -shm), even to read.
         dirs.writable(Path(db.database).absolute().parent, "the SQLite store")

@@ -23,6 +23,8 @@ import time
 
 import peewee
 
+from llmgw.store.timeouts import patient
+
 TYPES = {
     "sqlite": {
         "DOUBLE": "REAL",
@@ -454,6 +456,24 @@ def m020_replica_intent_profile(db: peewee.Database) -> None:
     run(db, "ALTER TABLE replica_intents ADD COLUMN profile_name VARCHAR(64) NOT NULL DEFAULT ''")
 
 
+def m021_replication(db: peewee.Database) -> None:
+    """Replication between schedulers: the published releases (until now only files in
+    the leader's release directory, which a new leader on another disk did not have),
+    and how far each scheduler's copy of the mirror and the releases is behind (NULL:
+    not reported, by a scheduler from before this migration)."""
+    run(
+        db,
+        """CREATE TABLE published_releases (
+            filename VARCHAR(300) NOT NULL PRIMARY KEY,
+            version VARCHAR(100) NOT NULL,
+            sha256 VARCHAR(64) NOT NULL,
+            size {BIGINT} NOT NULL,
+            published_at {DOUBLE} NOT NULL)""",
+    )
+    run(db, "ALTER TABLE schedulers ADD COLUMN missing_blobs INTEGER")
+    run(db, "ALTER TABLE schedulers ADD COLUMN missing_bytes {BIGINT}")
+
+
 MIGRATIONS = [
     m001_initial,
     m002_scheduler,
@@ -475,6 +495,7 @@ MIGRATIONS = [
     m018_mirrored_revision,
     m019_replica_intent_gpus,
     m020_replica_intent_profile,
+    m021_replication,
 ]
 
 
@@ -498,11 +519,14 @@ def migrate(db: peewee.Database) -> list[str]:
     done = _applied(db)
     applied = []
     record = f"INSERT INTO llmgw_migrations (name, applied_at) VALUES ({db.param}, {db.param})"
-    for step in MIGRATIONS:
-        if step.__name__ in done:
-            continue
-        with db.atomic():
-            step(db)
-            db.execute_sql(record, (step.__name__, time.time()))
-        applied.append(step.__name__)
+    todo = [step for step in MIGRATIONS if step.__name__ not in done]
+    if not todo:
+        return applied
+    # A migration over a large table may take minutes: no store timeout applies to it.
+    with patient(db):
+        for step in todo:
+            with db.atomic():
+                step(db)
+                db.execute_sql(record, (step.__name__, time.time()))
+            applied.append(step.__name__)
     return applied

@@ -207,6 +207,10 @@ class SchedulerSeen(BaseModel):
     role = peewee.CharField(max_length=16)
     admin_url = peewee.CharField(max_length=300, default="")
     seen_at = peewee.DoubleField()  # the database's clock
+    # What its replication worker last counted as missing from its own copy of the
+    # mirror and the releases (m021); NULL: never said.
+    missing_blobs = peewee.IntegerField(null=True)
+    missing_bytes = peewee.BigIntegerField(null=True)
 
     class Meta:
         table_name = "schedulers"
@@ -261,6 +265,20 @@ class MirroredWeights(BaseModel):
 
     class Meta:
         table_name = "mirrored_weights"
+
+
+class PublishedRelease(BaseModel):
+    """A wheel published with `llmgw release publish` (m021): what every scheduler's
+    release directory must hold, so a new leader on its own disk still serves it."""
+
+    filename = peewee.CharField(primary_key=True, max_length=300)
+    version = peewee.CharField(max_length=100)
+    sha256 = peewee.CharField(max_length=64)
+    size = peewee.BigIntegerField()
+    published_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "published_releases"
 
 
 class JoinToken(BaseModel):
@@ -326,6 +344,7 @@ ALL_MODELS = [
     SchedulerSeen,
     ReplicaIntent,
     MirroredWeights,
+    PublishedRelease,
     JoinToken,
     NodeAccess,
     StoredResponse,

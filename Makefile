@@ -70,6 +70,7 @@ bench: install engine vllm
 	$(BIN)/python bench/split.py
 	$(BIN)/python bench/routing.py
 	$(BIN)/python bench/autoscale.py
+	nice $(BIN)/python bench/fleet_scale.py
 	$(BIN)/python bench/tracing.py
 	$(if $(LLMGW_TEST_POSTGRES),$(BIN)/python bench/failover.py,@echo "bench/failover.py skipped: set LLMGW_TEST_POSTGRES")
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/scheduler.py            # ~30-60 s; writes bench/SCHEDULER.md
     .venv/bin/python bench/scheduler.py --baseline dc446ba   # and place_many beside REV's
+    .venv/bin/python bench/scheduler.py --routes-baseline 5a9a1d5  # and a router's apply
 
 For N = 100, 1,000 and 10,000 (models = nodes = N): one `place_many` of N needs over N
 nodes, and one full `reconcile` pass with some replicas running. Then the real
@@ -9,11 +10,13 @@ nodes, and one full `reconcile` pass with some replicas running. Then the real
 ready replicas of each: `publish`, the routing table it builds and encodes on every
 change (under its lock), and `pass`, one whole `tick` (node views, reconcile, drains,
 eviction). For 500, 5,000 and
-50,000 replicas: what a router does with one `routes` message, from the bytes
-(`bus.decode`, `endpoints_from`, `RoutingTable.replace` into a table that holds the
-previous snapshot, as every 3 s in steady state). Each figure is the median of a few
-runs; the growth column is the ratio to the size before, so 10 means linear and 100
-quadratic. Nodes vary in free memory and engine state so that placement has to look.
+50,000 replicas: what a router's feed does with one whole `routes` table, from the
+bytes, into a table that holds the same one (at join, or after a missed diff), and
+with one `routes_diff` that replaces 1% of the replicas (at every change, for a router
+in step). With --routes-baseline, the whole table also as REV's router applied it.
+Each figure is the median of a few runs; the growth column is the ratio to the size
+before, so 10 means linear and 100 quadratic. Nodes vary in free memory and engine
+state so that placement has to look.
 """
 
 import argparse
@@ -33,7 +36,7 @@ from pathlib import Path
 from llmgw import bus, catalog, config
 from llmgw.placement import GiB, Need, NodeView, gpus_of, place_many
 from llmgw.reconciler import Backoff, Desired, ReplicaView, reconcile
-from llmgw_router.feed import endpoints_from
+from llmgw_router.feed import Feed
 from llmgw_router.routing import RoutingTable
 from llmgw_scheduler.needs import Needs
 from llmgw_scheduler.service import Scheduler
@@ -41,7 +44,8 @@ from llmgw_scheduler.service import Scheduler
 ROOT = Path(__file__).resolve().parent.parent
 
 ENGINES = ["llama.cpp-0.3.36", "llama.cpp-0.3.35", "vllm-0.6.3", "llama.cpp-0.4.0"]
-TARGETS = {("place_many", 1000): 100.0, ("place_many", 10_000): 200.0, ("routes", 5000): 50.0}
+TARGETS = {("place_many", 1000): 100.0, ("place_many", 10_000): 200.0, ("routes", 5000): 50.0,
+           ("routes", 50_000): 100.0, ("routes_diff", 50_000): 100.0}  # fmt: skip
 
 
 def fleet(n: int, rng: random.Random) -> list[NodeView]:
@@ -96,14 +100,29 @@ def world(n: int, rng: random.Random):
     return nodes, desired, replicas, backoff
 
 
-def routes_message(n: int) -> bytes:
-    replicas = [
-        {"id": f"r-{i:06x}", "model": f"model-{i % max(1, n // 4)}", "aliases": [],
-         "endpoint": f"http://10.0.{i // 250 % 256}.{i % 250 + 1}:8100", "key": "k" * 64,
-         "state": "ready" if i % 20 else "starting"}
-        for i in range(n)
-    ]  # fmt: skip
-    return bus.encode("routes", "scheduler", {"seq": 1, "replicas": replicas})
+def replica(i: int, n: int, port: int = 8100) -> dict:
+    return {"id": f"r-{i:06x}", "model": f"model-{i % max(1, n // 4)}", "aliases": [],
+            "endpoint": f"http://10.0.{i // 250 % 256}.{i % 250 + 1}:{port}",
+            "key": f"{i:064x}", "state": "ready", "engine": "llama.cpp-0.3.36"}  # fmt: skip
+
+
+def routes_message(n: int, version: int = 1) -> bytes:
+    """A whole table of N ready replicas, as the scheduler publishes it."""
+    body = {"seq": version, "table": "bench", "version": version,
+            "replicas": [replica(i, n) for i in range(n)], "models": []}  # fmt: skip
+    return bus.encode("routes", "scheduler", body)
+
+
+def diff_message(n: int, version: int) -> bytes:
+    """A change to that table: 1% of its replicas replaced by new ones."""
+    k = max(1, n // 100)
+    first = (version * k) % n
+    gone = [replica((first + j) % n, n)["id"] for j in range(k)]
+    new = [{**replica((first + j) % n, n, 9000 + version), "id": f"r-{version}-{j}"}
+           for j in range(k)]  # fmt: skip
+    body = {"seq": version, "table": "bench", "version": version, "base": version - 1,
+            "replicas": new, "removed": gone}  # fmt: skip
+    return bus.encode("routes_diff", "scheduler", body)
 
 
 def median_ms(fn, reps: int) -> float:
@@ -158,15 +177,75 @@ def bench_reconcile(n: int) -> float:
 
 
 def bench_routes(n: int) -> float:
+    """A whole table applied by the feed, from the bytes, onto the same table held."""
     data = routes_message(n)
     table = RoutingTable()
+    feed = Feed(table, [], keys=None, server_public="")
+    feed.handle(data)  # the table holds the previous snapshot, as in steady state
+    ms = median_ms(lambda: feed.handle(data), 7 if n < 50_000 else 5)
+    feed.stop()
+    return ms
 
-    def apply():
-        msg = bus.decode(data)
-        table.replace(endpoints_from(msg["body"]))
 
-    apply()  # the table holds the previous snapshot, as in steady state
-    return median_ms(apply, 7 if n < 50_000 else 3)
+def bench_diff(n: int) -> float:
+    """A change (1% of replicas replaced) applied by the feed, from the bytes, onto a
+    table of N: what a router in step does at each change."""
+    table = RoutingTable()
+    feed = Feed(table, [], keys=None, server_public="")
+    feed.handle(routes_message(n))
+    reps = 7 if n < 50_000 else 5
+    diffs = iter([diff_message(n, v) for v in range(2, reps + 2)])
+    ms = median_ms(lambda: feed.handle(next(diffs)), reps)
+    if feed.version != reps + 1 or len(table.endpoints()) != n:
+        raise SystemExit("routes_diff: a diff was not applied")
+    feed.stop()
+    return ms
+
+
+# A router's apply as it was at a git revision (decode, endpoints_from, replace), timed
+# in a process of its own that imports that revision's lib/llmgw and tools/router.
+_OLD_ROUTES = """
+import statistics, sys, time
+sys.path[:0] = [sys.argv[1]]
+from llmgw import bus
+from llmgw_router.feed import endpoints_from
+from llmgw_router.routing import RoutingTable
+if not sys.modules[RoutingTable.__module__].__file__.startswith(sys.argv[1]):
+    raise SystemExit("imported the working tree, not the revision")
+data = open(sys.argv[2], "rb").read()
+table = RoutingTable()
+def apply():
+    table.replace(endpoints_from(bus.decode(data)["body"]))
+apply()
+times = []
+for _ in range(int(sys.argv[3])):
+    start = time.perf_counter()
+    apply()
+    times.append((time.perf_counter() - start) * 1000)
+print(statistics.median(times))
+"""
+
+
+def bench_routes_beside(n: int, rev: str) -> tuple[float, float, float]:
+    """(REV's apply of a whole table, now's, now's apply of a diff) in ms at N, in turns."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", rev, "lib/llmgw", "tools/router"],
+                                 cwd=ROOT, check=True, capture_output=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        pkgs = Path(tmp) / "pkgs"
+        pkgs.mkdir()
+        (pkgs / "llmgw").symlink_to(Path(tmp) / "lib" / "llmgw")
+        (pkgs / "llmgw_router").symlink_to(Path(tmp) / "tools" / "router")
+        msg = Path(tmp) / "routes.json"
+        msg.write_bytes(routes_message(n))
+        old, whole, diff = [], [], []
+        for _ in range(3):
+            out = subprocess.run([sys.executable, "-c", _OLD_ROUTES, str(pkgs), str(msg), "3"],
+                                 check=True, capture_output=True, text=True).stdout  # fmt: skip
+            old.append(float(out))
+            whole.append(bench_routes(n))
+            diff.append(bench_diff(n))
+        return statistics.median(old), statistics.median(whole), statistics.median(diff)
 
 
 def scheduler_world(n: int, tmp: str) -> Scheduler:
@@ -231,7 +310,13 @@ def main() -> None:
         metavar="REV",
         help="also time place_many as it was at this git revision, in turns",
     )
+    parser.add_argument(
+        "--routes-baseline",
+        metavar="REV",
+        help="also time a router's apply of 50,000 replicas as it was at this revision",
+    )
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     rows = []
     measured = {n: bench_scheduler(n) for n in (100, 1_000, 10_000)}
     for label, sizes, fn in [
@@ -240,6 +325,7 @@ def main() -> None:
         ("publish", [100, 1_000, 10_000], lambda n: measured[n][0]),
         ("pass", [100, 1_000, 10_000], lambda n: measured[n][1]),
         ("routes", [500, 5_000, 50_000], bench_routes),
+        ("routes_diff", [500, 5_000, 50_000], bench_diff),
     ]:
         prev = None
         for n in sizes:
@@ -257,13 +343,18 @@ def main() -> None:
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     text = (
         "# Scheduler and routing-table benchmark\n\n"
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine()}. "
-        "Made by `.venv/bin/python bench/scheduler.py`.\n\n"
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine()}, load average "
+        f"{load_before:.2f} at the start and {{load_after}} at the end (a shared machine: "
+        "figures under load run long). Made by `.venv/bin/python bench/scheduler.py`.\n\n"
         "place_many: N needs over N nodes. reconcile: one pass, N models over N nodes, "
         "some replicas running. publish and pass: the real scheduler in process, N models "
         "over N nodes, building and encoding its routing table, and one whole pass. "
-        "routes: one `routes` message of N replicas applied by a "
-        "router (JSON decode, endpoints, table replace). Growth: ratio to the size before "
+        "routes: one whole `routes` table of N replicas applied by a router's feed "
+        "(JSON decode, endpoints, table replace) onto the same table held: what a router "
+        "does when it joins, misses a diff, or follows a scheduler that sends no diffs. "
+        "routes_diff: one change (1% of the N replicas replaced) applied by a router that "
+        "holds the table: what a router in step does at every change (it is not sent the "
+        "whole table). Growth: ratio to the size before "
         "(the sizes grow 10×, so 10× is linear).\n\n" + "\n".join(lines) + "\n"
     )
     if args.baseline:
@@ -281,6 +372,21 @@ def main() -> None:
             side.append(f"| {n:,} | {base:.2f} | {now:.2f} | {now / base:.2f}× |")
             print(side[-1], flush=True)
         text += "\n".join(side) + "\n"
+    if args.routes_baseline:
+        rev = args.routes_baseline
+        old, whole, diff = bench_routes_beside(50_000, rev)
+        side = [
+            "",
+            f"A router applying 50,000 replicas beside `{rev}` (its decode, endpoints_from "
+            "and replace, in a process of its own), in turns, medians of three turns:",
+            "",
+            f"| {rev} whole table ms | now whole table ms | now change ms |",
+            "|---|---|---|",
+            f"| {old:.2f} | {whole:.2f} ({whole / old:.2f}×) | {diff:.2f} ({diff / old:.2f}×) |",
+        ]
+        print(side[-1], flush=True)
+        text += "\n".join(side) + "\n"
+    text = text.replace("{load_after}", f"{os.getloadavg()[0]:.2f}", 1)
     (ROOT / "bench" / "SCHEDULER.md").write_text(text)
     print("\n" + "\n".join(lines))
 

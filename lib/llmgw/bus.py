@@ -148,6 +148,12 @@ def encode(type_: str, sender: str, body: dict, epoch: int = 0) -> bytes:
     ).encode()
 
 
+def topic(type_: str) -> bytes:
+    """The first bytes of every message of this type, as encode() writes it: what a SUB
+    subscribes to for that type alone (ZeroMQ filters by prefix, at the publisher)."""
+    return b'{"v":%d,"type":"%s",' % (VERSION, type_.encode())
+
+
 def decode(data: bytes) -> dict:
     try:
         msg = json.loads(data)
@@ -261,8 +267,10 @@ def connect(
     keys: tuple[bytes, bytes],
     server_public: str,
     identity: str = "",
+    topics: tuple[bytes, ...] = (b"",),
 ) -> zmq.Socket:
-    """A CURVE client socket connected to every endpoint (an agent's DEALER, a router's SUB)."""
+    """A CURVE client socket connected to every endpoint (an agent's DEALER, a router's
+    SUB, subscribed to `topics`: everything unless told)."""
     sock = ctx.socket(kind)
     sock.curve_publickey, sock.curve_secretkey = keys
     sock.curve_serverkey = server_public.encode()
@@ -275,7 +283,8 @@ def connect(
         sock.sndhwm = 1000
         sock.immediate = True
     if kind == zmq.SUB:
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        for t in topics:
+            sock.setsockopt(zmq.SUBSCRIBE, t)
     for ep in endpoints:
         sock.connect(ep)
     return sock

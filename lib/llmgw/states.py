@@ -71,6 +71,7 @@ class MsgType(StrEnum):
     SET_ADAPTERS = "set_adapters"
     # scheduler -> routers (PUB)
     ROUTES = "routes"
+    ROUTES_DIFF = "routes_diff"
 
 
 # What an agent says about itself: every one carries the node's whole state.

@@ -117,6 +117,91 @@ def test_each_activity_report_carries_the_load_for_the_autoscaler():
     feed.stop()
 
 
+# -- diffs (tools/scheduler/published.py makes them) ---------------------------------------
+
+
+def whole(version, replicas, models=(), epoch=0, table="t1"):
+    body = {"seq": version, "table": table, "version": version, "replicas": replicas,
+            "models": list(models)}  # fmt: skip
+    return bus.encode("routes", "scheduler", body, epoch)
+
+
+def diff(version, base, replicas=(), removed=(), table="t1", epoch=0, **extra):
+    body = {"seq": version, "table": table, "version": version, "base": base,
+            "replicas": list(replicas), "removed": list(removed), **extra}  # fmt: skip
+    return bus.encode("routes_diff", "scheduler", body, epoch)
+
+
+def test_a_diff_from_the_table_held_adds_changes_and_removes_replicas():
+    table = RoutingTable()
+    feed = feed_for(table)
+    feed.handle(whole(1, [replica("r-1", "m"), replica("r-2", "m"), replica("r-33", "n")],
+                      models=[{"name": "m", "state": "serving"}]))  # fmt: skip
+    kept = {ep.id: ep for ep in table.endpoints()}["r-1"]
+    kept.outstanding = 2
+    rekeyed = {**replica("r-2", "m"), "key": "x" * 64}
+    assert feed.handle(diff(2, 1, [replica("r-4", "n"), rekeyed], removed=["r-33"]))
+    eps = {ep.id: ep for ep in table.endpoints()}
+    assert sorted(eps) == ["r-1", "r-2", "r-4"]
+    assert eps["r-1"] is kept and kept.outstanding == 2  # untouched: the same endpoint
+    assert b"Bearer " + b"x" * 64 in eps["r-2"].head
+    # A diff without models leaves the catalog's word as it was.
+    assert table.status("m") == ("serving", "")
+    assert feed.handle(diff(3, 2, models=[{"name": "m", "state": "parked", "reason": "no"}]))
+    assert table.status("m") == ("parked", "no") and table.serves("n")
+
+
+def test_a_diff_that_does_not_start_from_the_table_held_is_not_applied_until_a_whole_one():
+    table = RoutingTable()
+    feed = feed_for(table)
+    feed.handle(whole(1, [replica("r-1", "m")]))
+    assert not feed._whole_wanted  # in step: diffs only
+    # Version 2 was missed: 3 would be applied to a table the router does not hold.
+    assert not feed.handle(diff(3, 2, [replica("r-2", "n")], removed=["r-1"]))
+    assert [ep.id for ep in table.endpoints()] == ["r-1"]
+    assert feed._whole_wanted
+    assert feed.handle(whole(3, [replica("r-2", "n")]))
+    assert feed.handle(diff(4, 3, [replica("r-5", "n")]))
+    assert sorted(ep.id for ep in table.endpoints()) == ["r-2", "r-5"]
+
+
+def test_a_diff_of_another_scheduler_s_table_is_not_applied_even_if_its_base_matches():
+    table = RoutingTable()
+    feed = feed_for(table)
+    feed.handle(whole(5, [replica("r-1", "m")], table="before-restart"))
+    assert not feed.handle(diff(6, 5, removed=["r-1"], table="after-restart"))
+    assert table.serves("m") and feed._whole_wanted
+
+
+def test_a_scheduler_that_sends_no_diffs_keeps_the_router_on_whole_tables():
+    table = RoutingTable()
+    feed = feed_for(table)
+    assert feed.handle(routes(1, [replica("r-1", "m")]))
+    assert feed._whole_wanted
+
+
+def test_a_diff_from_a_deposed_leader_is_ignored():
+    table = RoutingTable()
+    feed = feed_for(table)
+    feed.handle(whole(1, [replica("r-1", "m")], epoch=4, table="new"))
+    assert not feed.handle(diff(9, 8, removed=["r-1"], epoch=3, table="old"))
+    assert table.serves("m") and not feed._whole_wanted
+
+
+def test_of_messages_that_queued_up_every_diff_and_only_the_newest_whole_table_are_applied():
+    from llmgw_router.feed import _to_apply
+
+    batch = [whole(1, []), diff(2, 1), whole(2, []), diff(3, 2)]
+    assert _to_apply(batch) == [batch[1], batch[2], batch[3]]
+    assert _to_apply(batch[:2]) == batch[:2]
+
+
+def test_the_topics_a_router_subscribes_to_are_how_messages_of_each_type_begin():
+    assert diff(2, 1).startswith(bus.topic("routes_diff"))
+    assert whole(1, []).startswith(bus.topic("routes"))
+    assert not diff(2, 1).startswith(bus.topic("routes"))
+
+
 def test_a_feed_that_hears_no_table_past_the_silence_threshold_is_cut_off_until_one_comes():
     table = RoutingTable()
     feed = feed_for(table)

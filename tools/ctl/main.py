@@ -1,30 +1,47 @@
 """The `llmgw` command group."""
 
+import importlib
+
 import click
 
 from llmgw import cli as cli_common
-from llmgw_ctl.audit import audit
-from llmgw_ctl.catalog import scale
 from llmgw_ctl.common import State
-from llmgw_ctl.config import config
-from llmgw_ctl.drain import drain, undrain
-from llmgw_ctl.fabric import fabric
-from llmgw_ctl.keys import keys
-from llmgw_ctl.limits import budgets, limits
-from llmgw_ctl.logs import logs
-from llmgw_ctl.nodes import nodes, routers
-from llmgw_ctl.operators import admin_token, operators
-from llmgw_ctl.release import release
-from llmgw_ctl.restart import restart
-from llmgw_ctl.signon import login, logout
-from llmgw_ctl.status import explain_placement, models, replicas, retry, status
-from llmgw_ctl.store import store
-from llmgw_ctl.tenancy import orgs, projects, teams, users
-from llmgw_ctl.usage import usage
-from llmgw_ctl.weights import weights
+
+# Each command's module, imported only when the command runs (or `--help` lists them
+# all). Importing every command's dependencies (the store, ZeroMQ, the release and
+# onboarding code) made up most of what `llmgw status` took on a loaded control plane
+# (bench/FLEET_SCALE.md). `models` comes from catalog.py, which adds `models add` and
+# `models remove` to status.py's group.
+COMMANDS = {
+    "admin-token": "operators:admin_token", "audit": "audit:audit",
+    "budgets": "limits:budgets", "config": "config:config", "drain": "drain:drain",
+    "explain-placement": "status:explain_placement", "fabric": "fabric:fabric",
+    "keys": "keys:keys", "limits": "limits:limits", "login": "signon:login",
+    "logout": "signon:logout", "logs": "logs:logs",
+    "models": "catalog:models", "nodes": "nodes:nodes", "operators": "operators:operators",
+    "orgs": "tenancy:orgs", "projects": "tenancy:projects", "release": "release:release",
+    "replicas": "status:replicas", "restart": "restart:restart", "retry": "status:retry",
+    "routers": "nodes:routers", "scale": "catalog:scale", "status": "status:status",
+    "store": "store:store", "teams": "tenancy:teams", "undrain": "drain:undrain",
+    "usage": "usage:usage", "users": "tenancy:users", "weights": "weights:weights",
+}  # fmt: skip
 
 
-@click.group(context_settings=cli_common.CONTEXT)
+class LazyGroup(click.Group):
+    """A group whose commands (COMMANDS) are imported when asked for."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name: str):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(f"llmgw_ctl.{module}"), attr)
+
+
+@click.group(cls=LazyGroup, context_settings=cli_common.CONTEXT)
 @cli_common.config_option
 @click.option(
     "--admin-url",
@@ -58,35 +75,3 @@ def cli(ctx, config_path, admin_url, admin_token):
       llmgw config example > llmgw.toml
     """
     ctx.obj = State(config_path, admin_url or None, admin_token or None)
-
-
-cli.add_command(keys)
-cli.add_command(store)
-cli.add_command(config)
-cli.add_command(drain)
-cli.add_command(undrain)
-cli.add_command(nodes)
-cli.add_command(routers)
-cli.add_command(status)
-cli.add_command(models)
-cli.add_command(replicas)
-cli.add_command(explain_placement)
-cli.add_command(retry)
-cli.add_command(scale)
-cli.add_command(logs)
-cli.add_command(fabric)
-cli.add_command(restart)
-cli.add_command(audit)
-cli.add_command(orgs)
-cli.add_command(teams)
-cli.add_command(projects)
-cli.add_command(users)
-cli.add_command(limits)
-cli.add_command(budgets)
-cli.add_command(usage)
-cli.add_command(operators)
-cli.add_command(admin_token)
-cli.add_command(login)
-cli.add_command(logout)
-cli.add_command(release)
-cli.add_command(weights)

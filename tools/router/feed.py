@@ -1,13 +1,20 @@
 """The scheduler's routing table, received over the bus and applied to the RoutingTable.
 
-A background worker holds a CURVE SUB socket to every configured scheduler. Each
-`routes` message is the whole table, so applying it is a plain replace; with no
-scheduler reachable, the last table keeps serving.
+A background worker holds a CURVE SUB socket to every configured scheduler. A `routes`
+message is the whole table; a `routes_diff` says what changed since the table of a
+given version (tools/scheduler/published.py). A router that holds that version applies
+the diff and needs no whole table: it subscribes to diffs only, so the whole table
+(8.9 MB at 50,000 replicas, every change and every 3 s) is not even sent to it. A diff
+that does not start from the table held means a message was missed: the router
+subscribes to whole tables again and serves the table it holds until the next one.
+With no scheduler reachable, the last table keeps serving.
 """
 
+import gc
 import os
 import queue
 import time
+from contextlib import contextmanager
 
 import zmq
 
@@ -27,22 +34,93 @@ SILENCE_S = 10.0
 ACTIVITY_S = 2.0
 # How long one pass waits for a message.
 POLL_S = 0.2
+# What the SUB subscribes to: diffs always, whole tables until it holds one it can
+# follow with diffs.
+WHOLE, DIFF = bus.topic(MsgType.ROUTES), bus.topic(MsgType.ROUTES_DIFF)
+
+
+def _models(r: dict) -> tuple[str, ...]:
+    # LoRA adapters loaded there: a request names one as its model (the engine
+    # answers it with the adapter), so the replica serves it by that name too.
+    adapters = r.get("adapters")
+    if not adapters:
+        return (r["model"], *r.get("aliases", ()))
+    names = [n for a in adapters if isinstance(a, dict)
+             for n in (a.get("name"), *(a.get("aliases") or ())) if n]  # fmt: skip
+    return (r["model"], *r.get("aliases", ()), *names)
+
+
+def _endpoint(r: dict, models: tuple[str, ...]) -> Endpoint:
+    return Endpoint(r["id"], r["endpoint"], models, r.get("key", ""),
+                    engine=str(r.get("engine") or ""))  # fmt: skip
 
 
 def endpoints_from(body: dict, static: list[Endpoint] = ()) -> list[Endpoint]:
     """Endpoints for every ready replica in a `routes` body, plus the static ones."""
     eps = list(static)
     for r in body.get("replicas", ()):
-        if r.get("state") != ShardState.READY:
-            continue
-        # LoRA adapters loaded there: a request names one as its model (the engine
-        # answers it with the adapter), so the replica serves it by that name too.
-        adapters = [n for a in r.get("adapters") or () if isinstance(a, dict)
-                    for n in (a.get("name"), *(a.get("aliases") or ())) if n]  # fmt: skip
-        models = (r["model"], *r.get("aliases", ()), *adapters)
-        eps.append(Endpoint(r["id"], r["endpoint"], models, r.get("key", ""),
-                            engine=str(r.get("engine") or "")))  # fmt: skip
+        if r.get("state") == ShardState.READY:
+            eps.append(_endpoint(r, _models(r)))
     return eps
+
+
+class Replicas:
+    """The scheduler's replicas as this router holds them: an Endpoint for each, kept
+    while what it was made from (endpoint, models, key, engine) stays the same. The
+    table keeps an endpoint that stays anyway (its counters); building 50,000 anew,
+    only to drop them, was a third of applying a big table."""
+
+    def __init__(self):
+        self.eps: dict[str, Endpoint] = {}
+        self._made: dict[str, tuple] = {}  # id -> what its Endpoint was made from
+
+    def _put(self, r: dict, eps: dict, made: dict) -> None:
+        rid = r["id"]
+        # As they came: comparing these is cheaper than making the models tuple.
+        what = (r["endpoint"], r["model"], r.get("aliases"), r.get("adapters"),
+                r.get("key", ""), r.get("engine"))  # fmt: skip
+        ep = self.eps.get(rid)
+        if ep is None or self._made.get(rid) != what:
+            ep = _endpoint(r, _models(r))
+        eps[rid], made[rid] = ep, what
+
+    def replace(self, replicas) -> None:
+        """Hold exactly the ready replicas of a whole table."""
+        eps, made = {}, {}
+        for r in replicas:
+            if r.get("state") == ShardState.READY:
+                self._put(r, eps, made)
+        self.eps, self._made = eps, made
+
+    def update(self, replicas, removed) -> None:
+        """Apply a diff: replicas added or changed (one no longer ready is gone), and
+        the ids of those removed."""
+        eps, made = dict(self.eps), dict(self._made)
+        for rid in removed:
+            eps.pop(rid, None)
+            made.pop(rid, None)
+        for r in replicas:
+            if r.get("state") == ShardState.READY:
+                self._put(r, eps, made)
+            else:
+                eps.pop(r["id"], None)
+                made.pop(r["id"], None)
+        self.eps, self._made = eps, made
+
+
+@contextmanager
+def _no_gc():
+    """The cyclic garbage collector off meanwhile. Decoding a big table makes hundreds
+    of thousands of dicts, lists and strings, and none of them in a cycle; yet every
+    700 new containers the collector ran, and now and then it walked the whole heap:
+    that was up to half the time of applying 50,000 replicas (bench/SCHEDULER.md)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _newest(batch: list[bytes]) -> bytes:
@@ -60,6 +138,16 @@ def _newest(batch: list[bytes]) -> bytes:
         if key >= best_key:
             best, best_key = data, key
     return best
+
+
+def _to_apply(batch: list[bytes]) -> list[bytes]:
+    """What to apply of the messages that queued up, in order: every diff (each starts
+    from the one before), and of the whole tables only the newest."""
+    wholes = [data for data in batch if not data.startswith(DIFF)]
+    if len(wholes) < 2:
+        return batch
+    newest = _newest(wholes)
+    return [data for data in batch if data.startswith(DIFF) or data is newest]
 
 
 class Feed:
@@ -87,6 +175,14 @@ class Feed:
         self.apply = apply or table.replace
         self.seq = -1
         self.epoch = -1
+        # The table held, as diffs name it (published.py): lineage None when it came
+        # from a scheduler that sends no diffs.
+        self.lineage: str | None = None
+        self.version = 0
+        self.replicas = Replicas()
+        self.known: dict[str, tuple[str, str]] = {}
+        self._whole_wanted = True  # subscribed to whole tables
+        self.applied = {"whole": 0, "diff": 0}  # tables applied each way, for the curious
         self._stale_logged = -1
         # The sockets, opened by the worker's first pass and again after a failure or a
         # silence; closed on its thread when it stops.
@@ -124,13 +220,21 @@ class Feed:
         os.set_blocking(self._wake_w, False)
 
     def handle(self, data: bytes) -> bool:
-        """Apply one message; False if it was not a routes table we could use."""
+        """Apply one message; False if it was not a table or a diff we could use. One
+        applied is word from the control plane (a deposed leader's is not)."""
+        with _no_gc():
+            applied = self._handle(data)
+        if applied:
+            self._heard(time.monotonic())
+        return applied
+
+    def _handle(self, data: bytes) -> bool:
         try:
             msg = bus.decode(data)
         except bus.BusError as e:
             _log.warning("bad_routes_message", reason=str(e))
             return False
-        if msg["type"] != MsgType.ROUTES:
+        if msg["type"] not in (MsgType.ROUTES, MsgType.ROUTES_DIFF):
             return False
         body = msg["body"]
         seq = body.get("seq", 0)
@@ -145,21 +249,72 @@ class Feed:
                 _log.warning("stale_routes_ignored", epoch=epoch, newest=self.epoch)
                 self._stale_logged = epoch
             return False
-        eps = endpoints_from(body, self.static)
+        if msg["type"] == MsgType.ROUTES_DIFF:
+            return self._diff(body, epoch, seq)
+        self.replicas.replace(body.get("replicas", ()))
+        self.known = self._known_from(body.get("models", ()))
         if (epoch, seq) != (self.epoch, self.seq):
-            _log.info("routes_applied", epoch=epoch, seq=seq, endpoints=len(eps))
+            _log.info("routes_applied", epoch=epoch, seq=seq, endpoints=len(self.replicas.eps))
         self.epoch, self.seq = epoch, seq
+        table, version = body.get("table"), body.get("version")
+        if isinstance(table, str) and isinstance(version, int):
+            self.lineage, self.version = table, version
+            self._whole(False)  # diffs will follow this one
+        else:  # a scheduler that sends no diffs: keep taking whole tables
+            self.lineage, self.version = None, 0
+            self._whole(True)
+        self.applied["whole"] += 1
+        self._install()
+        return True
+
+    def _diff(self, body: dict, epoch: int, seq: int) -> bool:
+        """Apply a diff if it starts from the table held; otherwise take whole tables
+        again until one comes (the table held keeps serving meanwhile)."""
+        table, version, base = body.get("table"), body.get("version"), body.get("base")
+        replicas, removed = body.get("replicas"), body.get("removed")
+        if not (isinstance(version, int) and isinstance(replicas, list)
+                and isinstance(removed, list)):  # fmt: skip
+            return False
+        if table != self.lineage or base != self.version:
+            if table == self.lineage and version <= self.version:
+                return False  # one applied already (two paths to one scheduler)
+            if not self._whole_wanted:
+                _log.info("routes_diff_skipped", held=self.version, base=base,
+                          action="waiting for the whole table")  # fmt: skip
+            self._whole(True)
+            return False
+        self.epoch, self.seq, self.version = epoch, seq, version
+        self.applied["diff"] += 1
+        if "models" in body:
+            self.known = self._known_from(body["models"] or ())
+        if replicas or removed or "models" in body:
+            self.replicas.update(replicas, removed)
+            _log.info("routes_applied", epoch=epoch, seq=seq, endpoints=len(self.replicas.eps),
+                      changed=len(replicas), removed=len(removed))  # fmt: skip
+            self._install()
+        return True
+
+    def _known_from(self, models) -> dict:
+        """The catalog's models and aliases -> (state, reason); notes which of our
+        wants each answers."""
         known = {}
-        for m in body.get("models", ()):
+        for m in models:
             status = (m.get("state", ModelState.STARTING), m.get("reason", ""))
             n = (m.get("answered") or {}).get(self.name)
             for name in (m["name"], *m.get("aliases", ())):
                 known[name] = status
                 if isinstance(n, int):  # before apply: the loop reads it once applied
                     self._answered[name] = max(n, self._answered.get(name, 0))
-        self.apply(eps, known)
-        self._heard(time.monotonic())
-        return True
+        return known
+
+    def _install(self) -> None:
+        self.apply([*self.static, *self.replicas.eps.values()], self.known)
+
+    def _whole(self, wanted: bool) -> None:
+        """Subscribe to whole tables, or stop (the socket's filter: at the publisher)."""
+        if wanted != self._whole_wanted and self._sub is not None:
+            self._sub.setsockopt(zmq.SUBSCRIBE if wanted else zmq.UNSUBSCRIBE, WHOLE)
+        self._whole_wanted = wanted
 
     # -- wants and activity: the router's side of on-demand models ---------------------
 
@@ -252,7 +407,10 @@ class Feed:
     # -- the worker ------------------------------------------------------------------------
 
     def _open(self) -> None:
-        self._sub = bus.connect(self.ctx, zmq.SUB, self.schedulers, self.keys, self.server_public)
+        # A fresh connection may have missed diffs: whole tables until one comes.
+        self._whole_wanted = True
+        self._sub = bus.connect(self.ctx, zmq.SUB, self.schedulers, self.keys, self.server_public,
+                                topics=(DIFF, WHOLE))  # fmt: skip
         self._dealers = [
             bus.connect(self.ctx, zmq.DEALER, [ep], self.keys, self.server_public,
                         identity=self.name)
@@ -330,13 +488,16 @@ class Feed:
                     )
                 self._close()
             return 0.0
-        # Only the newest table matters: skip any that queued up behind it (handle()
-        # ignores a deposed leader's, whichever order they came in).
+        # Only the newest whole table matters: skip any that queued up behind it
+        # (handle() ignores a deposed leader's, whichever order they came in).
         batch = [sub.recv()]
         while sub.poll(0):
             batch.append(sub.recv())
         self._last = now
-        if not self.handle(_newest(batch)):
+        applied = False
+        for data in _to_apply(batch):
+            applied = self.handle(data) or applied
+        if not applied:
             self._check_silence(now)
         return 0.0
 

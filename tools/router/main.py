@@ -2,7 +2,6 @@
 
 import asyncio
 import gc
-import resource
 import signal
 import sys
 
@@ -14,6 +13,7 @@ from aiohttp import web
 from llmgw import bus, catalog, cli, log, tls, tracing
 from llmgw import config as configmod
 from llmgw.errors import Error
+from llmgw.openfiles import raise_open_files
 from llmgw.peers import name_of
 from llmgw.store import BusPeer, migrate, open_store, redact
 from llmgw_router import aiohttp_app, http1, metrics
@@ -245,21 +245,6 @@ def make_share(cfg, table: RoutingTable) -> Share:
 
     return Share(rc.bus_name, rc.prefix_share, peers, keys, table.prefix.inbox, lookup=lookup,
                  loads=table.prefix.loads, on_count=metrics.prefix_shared)  # fmt: skip
-
-
-def raise_open_files() -> int:
-    """Raise the soft limit on open files to the hard one, as far as the router may: each
-    client connection and each engine connection is a file descriptor, and a router
-    that runs out answers 503 until some close. The limit it runs with (LimitNOFILE in
-    the unit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
 
 
 async def serve(router: Router, host: str, port: int, ssl_context) -> None:

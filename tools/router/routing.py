@@ -105,7 +105,7 @@ class RoutingTable:
         by_id = {}
         for ep in endpoints:
             old = self._by_id.get(ep.id)
-            if old is not None and old.url == ep.url:
+            if old is not None and old is not ep and old.url == ep.url:
                 # The endpoint that stays is the same object, its counters, cooldown,
                 # signal and last use with it. Copying the counter onto a new object
                 # left each request in flight at a table change counted forever: it

@@ -15,6 +15,7 @@ from llmgw.peers import drop_keypair, name_of, removed_since
 from llmgw.states import MsgType
 from llmgw.store import BusPeer, db_proxy, drop_connection
 from llmgw.worker import Worker
+from llmgw_scheduler.published import Published
 from llmgw_scheduler.service import Scheduler
 
 _log = log.get("llmgw.scheduler")
@@ -45,6 +46,7 @@ class Loop:
                             logger=_log, backoff_max_s=PEERS_S)  # fmt: skip
         self.router = bus.serve(self.ctx, zmq.ROUTER, cfg.scheduler.bus, keys)
         self.pub = bus.serve(self.ctx, zmq.PUB, cfg.scheduler.publish, keys)
+        self.published = Published()  # the last table sent, for the next diff
         self.running = True
         # A new keypair to serve with, set by the admin API (`keys rotate-scheduler
         # --finish`) and applied on this thread, which owns the sockets.
@@ -214,7 +216,14 @@ class Loop:
                 s.seq += 1
             s.routes_dirty = False
             s.next_snapshot = now + self.cfg.scheduler.snapshot_s
-            self.pub.send(bus.encode(MsgType.ROUTES, "scheduler", s.routes(), s.epoch))
+            body = s.routes()
+            diff = self.published.publish(body, s.epoch)
+            # The diff first: a router in step applies it at once. Routers that hold no
+            # table of this lineage (joined late, missed a diff, older ones) take the
+            # whole table; the others are not subscribed to it (published.py).
+            if diff is not None:
+                self.pub.send(bus.encode(MsgType.ROUTES_DIFF, "scheduler", diff, s.epoch))
+            self.pub.send(bus.encode(MsgType.ROUTES, "scheduler", body, s.epoch))
 
     def close(self) -> None:
         self.peers.stop()

@@ -12,6 +12,7 @@ from prometheus_client import start_http_server
 from llmgw import bus, catalog, cli, dirs, log, tls, tracing
 from llmgw import config as configmod
 from llmgw.errors import Error
+from llmgw.openfiles import raise_open_files
 from llmgw.store import ClusterSecret, migrate, open_store, redact
 from llmgw_scheduler import metrics
 from llmgw_scheduler.admin import admin_token
@@ -84,6 +85,7 @@ def main(config_path):
                       config_names={m.name for m in cfg.models}, extra_engines=extra)  # fmt: skip
     sched.load(list(cfg.models))
     sched.commands.mirror_url = leadership.admin_url
+    open_files = raise_open_files()  # a connection per agent, two per router
     try:
         leadership.start()  # with SQLite: refuses if another scheduler runs on the store
         loop = Loop(sched, keys, cfg)
@@ -136,6 +138,7 @@ def main(config_path):
         publish=cfg.scheduler.publish,
         store=redact(cfg.store_url()),
         models=",".join(m.name for m in models) or "none",
+        open_files=open_files,
     )
     try:
         loop.run()

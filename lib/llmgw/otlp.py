@@ -46,8 +46,12 @@ def varint(n: int) -> bytes:
 
 
 def field(tag: int, data: bytes) -> bytes:
-    """A length-delimited field: its tag byte(s), the length, the bytes."""
-    return b"".join((varint(tag), varint(len(data)), data))
+    """A length-delimited field: its tag (one byte: every field this module writes this
+    way is numbered below 16), the length, the bytes."""
+    n = len(data)
+    if n < 128:  # most: one byte of length
+        return bytes((tag, n)) + data
+    return b"".join((_SMALL[tag], varint(n), data))
 
 
 def _tag(number: int, wire: int) -> int:

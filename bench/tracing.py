@@ -107,6 +107,7 @@ def main() -> int:
     pairs = 2 if args.smoke else PAIRS
     req_n, stream_n = (500, 50) if args.smoke else (run.CPU_N, run.STREAM_N)
     WORK.mkdir(parents=True, exist_ok=True)
+    load_before = " ".join(f"{x:.2f}" for x in targets.os.getloadavg())
     cpus = targets.os.cpu_count() or 1
     load_cpu, proxy_cpu = (0, 1) if cpus >= 2 else (None, None)
     receiver = Receiver()
@@ -139,6 +140,7 @@ def main() -> int:
     EXAMPLE.write_text(json.dumps(example, indent=2) + "\n")
 
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_after = " ".join(f"{x:.2f}" for x in targets.os.getloadavg())
     ratio_10 = statistics.median(results[0.1][0][0])
     rows = []
     for rate, ((req_r, req_us), (st_r, st_us)) in results.items():
@@ -162,7 +164,10 @@ concurrency {run.CPU_C} and of up to {stream_n} streams of {run.CHUNKS} chunks a
 concurrency 1, each router's windows taken in turn with tracing off's ({pairs} pairs,
 the order turned every pair; the median of the pairs' ratios, their range in brackets).
 Requests carry no `traceparent`, so the sample rate alone decides. The receiver took
-{spans} spans in all.
+{spans} spans in all. A sampled span is llmgw's own record (`tracing.Span`), written as
+OTLP protobuf by `lib/llmgw/otlp.py` on the exporter's thread and sent by the SDK's
+OTLP/gRPC exporter (docs/architecture.md, "Traces"). Load average when it began:
+{load_before}; when it ended: {load_after} (the machine is shared).
 
 | sample rate | CPU/request, off | CPU/request, on | ratio | CPU/stream, off | CPU/stream, on | ratio |
 |--:|--:|--:|--:|--:|--:|--:|

@@ -85,3 +85,55 @@ def test_with_the_collector_down_spans_end_at_once_and_are_dropped_and_counted()
         what="the failed export to be counted",
     )
     assert counted("llmgw_tracing_spans_dropped_total", reason="export_failed") > failed
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        f"00-{TRACE}-{CALLER}",  # no flags
+        f"00-{TRACE.upper()}-{CALLER}-01",  # W3C says lower case
+        f"ff-{TRACE}-{CALLER}-01",  # the version that is never valid
+        f"00-{TRACE}-{CALLER}-01-more",  # version 00 has four fields
+        f"00-{'0' * 32}-{CALLER}-01",  # an all-zero trace id
+        f"00-{TRACE}-{'0' * 16}-01",  # an all-zero parent id
+    ],
+)
+def test_a_traceparent_that_is_not_w3c_trace_context_is_ignored_and_the_span_is_a_root(
+    receiver, header
+):
+    tracing.setup(config.TracingConfig(endpoint=receiver.endpoint, sample_rate=1.0), "x")
+    assert tracing.parent({"traceparent": header}) is None
+    with tracing.span("GET /v1/models", {"traceparent": header}, server=True) as span:
+        pass
+    assert span.trace_id != int(TRACE, 16) and span.parent_id == 0
+
+
+def test_a_callers_trace_state_goes_on_with_its_trace_and_a_later_version_is_read():
+    cfg = config.TracingConfig(endpoint="http://127.0.0.1:9", sample_rate=0.0)
+    tracing.setup(cfg, "llmgw-router")
+    headers = {"traceparent": f"01-{TRACE}-{CALLER}-01-later", "tracestate": "a=1 , b=2,,"}
+    caller = tracing.parent(headers)
+    span = tracing.start("chat", tracing.SERVER, caller)
+    assert (span.trace_id, span.parent_id, span.trace_state) == (
+        int(TRACE, 16),
+        int(CALLER, 16),
+        "a=1,b=2",
+    )
+    child = tracing.child(span, "llmgw.attempt", tracing.CLIENT)
+    assert tracing.traceparent(child) == f"00-{TRACE}-{child.span_id:016x}-01"
+    assert child.trace_state == "a=1,b=2"
+
+
+def test_an_exception_that_leaves_a_span_is_recorded_on_it_as_an_error(receiver):
+    tracing.setup(config.TracingConfig(endpoint=receiver.endpoint, sample_rate=1.0), "x")
+    with (
+        pytest.raises(KeyError),
+        tracing.span("POST /v1/models", {"traceparent": f"00-{TRACE}-{CALLER}-01"}),
+    ):
+        raise KeyError("m")
+    (got,) = receiver.wait(lambda r: r.trace(TRACE), what="the span")
+    assert got.status == 2
+    ((name, attrs),) = got.events
+    assert name == "exception"
+    assert attrs["exception.type"] == "KeyError" and attrs["exception.message"] == "'m'"
+    assert "raise KeyError" in attrs["exception.stacktrace"]

@@ -23,28 +23,12 @@ OPERATIONS = {
     "/v1/reranking": "rerank",
 }
 
-_kinds = None
-
-
-def _kind():
-    """opentelemetry.trace.SpanKind, imported once tracing is on."""
-    global _kinds
-    if _kinds is None:
-        from opentelemetry.trace import SpanKind
-
-        _kinds = SpanKind
-    return _kinds
-
 
 def request_span(request, route, rid: str):
     """The request's span, the child of the caller's `traceparent` if it sent one. Its
-    attributes are set once, when it is accounted (each costs the SDK a microsecond or
-    two to set and more to export: bench/TRACING.md)."""
+    attributes are set once, when it is accounted."""
     op = OPERATIONS.get(route.path, route.path)
-    caller = tracing.parent(request.headers)
-    if caller is None:
-        return tracing.root(op, _kind().SERVER)
-    return tracing.tracer.start_span(op, context=caller, kind=_kind().SERVER)
+    return tracing.start(op, tracing.SERVER, tracing.parent(request.headers))
 
 
 def asked(span, payload: dict) -> None:
@@ -54,13 +38,8 @@ def asked(span, payload: dict) -> None:
         span.set_attribute("gen_ai.request.max_tokens", value)
 
 
-def child(parent, name: str, kind=None, attributes=None):
-    return tracing.tracer.start_span(
-        name,
-        context=tracing.context_of(parent),
-        kind=kind if kind is not None else _kind().INTERNAL,
-        attributes=attributes,
-    )
+def child(parent, name: str, kind: int = tracing.INTERNAL, attributes=None):
+    return tracing.child(parent, name, kind, attributes)
 
 
 def admission(parent, model: str, queues, band: int):
@@ -85,7 +64,7 @@ def attempt(parent, ep, n: int):
     attrs = {"server.address": host, "llmgw.replica.id": ep.id, "llmgw.attempt": n}
     if port.isdigit():
         attrs["server.port"] = int(port)
-    return child(parent, "llmgw.attempt", _kind().CLIENT, attrs)
+    return child(parent, "llmgw.attempt", tracing.CLIENT, attrs)
 
 
 def failed(span, kind: str, reason: str) -> None:
@@ -100,13 +79,10 @@ def attempt_done(span, status: int | None) -> None:
 
 
 def traceparent_line(span) -> bytes:
-    """The header line naming `span` the parent of what the engine does."""
-    if span.__class__ is tracing.Unsampled:  # most requests, at a low sample rate
-        return b"traceparent: 00-%032x-%016x-00\r\n" % (span.trace_id, span.span_id)
-    line = b"traceparent: " + tracing.traceparent(span).encode() + b"\r\n"
-    state = span.get_span_context().trace_state
-    if state:
-        line += b"tracestate: " + state.to_header().encode() + b"\r\n"
+    """The header lines naming `span` the parent of what the engine does."""
+    line = b"traceparent: 00-%032x-%016x-%02x\r\n" % (span.trace_id, span.span_id, span.trace_flags)
+    if span.trace_state:
+        line += b"tracestate: " + span.trace_state.encode() + b"\r\n"
     return line
 
 
@@ -146,9 +122,7 @@ def accounted(span, op: str, path: str, rid: str, requested: str, served, engine
         attrs["gen_ai.response.time_to_first_chunk"] = ttft
     if status >= 500:
         attrs["error.type"] = str(status)
-        from opentelemetry.trace import StatusCode
-
-        span.set_status(StatusCode.ERROR)
+        span.set_status(tracing.ERROR)
     span.set_attributes(attrs)
 
 

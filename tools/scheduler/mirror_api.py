@@ -52,12 +52,16 @@ def _hub(h) -> hub.Hub:
     return hub.Hub(token_file=h.cfg.file(name) if name else None)
 
 
+def _bearer(h) -> str:
+    """The request's bearer token ('' if none)."""
+    given = h.headers.get("Authorization", "")
+    return given[7:].strip() if given.startswith("Bearer ") else ""
+
+
 def authenticate(h) -> Who:
     """A registered node's HMAC token; an operator's token is no use here."""
     node = h.headers.get("X-Llmgw-Node", "")
-    given = h.headers.get("Authorization", "")
-    token = given[7:].strip() if given.startswith("Bearer ") else ""
-    secret = h.sched.commands.cluster_secret
+    token, secret = _bearer(h), h.sched.commands.cluster_secret
     if not node or not mirror.node_token_ok(secret, node, token) or not _registered(node):
         raise Unauthorized("the weights mirror serves registered nodes only")
     return Who(node, "node")
@@ -67,9 +71,7 @@ def authenticate_peer(h) -> Who:
     """Another scheduler copying what it lacks (replicator.py): its name, which the
     store's `schedulers` rows must know, and HMAC(cluster secret, that name)."""
     name = h.headers.get("X-Llmgw-Scheduler", "")
-    given = h.headers.get("Authorization", "")
-    token = given[7:].strip() if given.startswith("Bearer ") else ""
-    secret = h.sched.commands.cluster_secret
+    token, secret = _bearer(h), h.sched.commands.cluster_secret
     if not name or not mirror.peer_token_ok(secret, name, token) or not _scheduler(name):
         raise Unauthorized("replication serves the other schedulers only")
     return Who(name, "scheduler")
